@@ -1,0 +1,133 @@
+"""`exporter` command line: serve, check-config, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from exporter import __version__
+from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig, load_config
+
+EXIT_CONFIG_ERROR = 2
+
+
+def _flags(listen: str | None, web_config: Path | None, log_level: str | None, enable: tuple[str, ...],
+           disable: tuple[str, ...], checkpoint_paths: tuple[Path, ...], procfs: Path | None,
+           sysfs: Path | None, rootfs: Path | None) -> dict[str, Any]:
+    """Only the flags actually given, shaped like the config file."""
+    flags: dict[str, Any] = {}
+    if listen is not None:
+        flags["listen"] = listen
+    if web_config is not None:
+        flags["web_config_file"] = web_config
+    if log_level is not None:
+        flags["log_level"] = log_level
+    collectors = {name: {"enabled": True} for name in enable}
+    collectors |= {name: {"enabled": False} for name in disable}
+    if collectors:
+        flags["collectors"] = collectors
+    node = {key: value for key, value in (("procfs", procfs), ("sysfs", sysfs), ("rootfs", rootfs)) if value}
+    if checkpoint_paths:
+        node["checkpoint_paths"] = list(checkpoint_paths)
+    if node:
+        flags["node"] = node
+    return flags
+
+
+def _load(config_file: Path | None, **flag_args: Any) -> ExporterConfig:
+    try:
+        config = load_config(_flags(**flag_args), config_file)
+        if config.web_config_file is not None:
+            from exporter.webconfig import load_web_config
+
+            load_web_config(config.web_config_file)
+        return config
+    except ConfigError as exc:
+        click.echo(f"exporter: {exc}", err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+
+
+def _config_options(func: Any) -> Any:
+    options = [
+        click.option("--listen", metavar="HOST:PORT",
+                     help=f"Address to serve on [default: 0.0.0.0:{DEFAULT_PORT}; env {ENV_PREFIX}LISTEN]."),
+        click.option("--config", "config_file", type=click.Path(path_type=Path),
+                     help="YAML config file (same shape as docs/configuration.md)."),
+        click.option("--web-config", type=click.Path(path_type=Path),
+                     help="TLS / basic auth file in Prometheus exporter-toolkit format."),
+        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"])),
+        click.option("--enable-collector", "enable", multiple=True, metavar="NAME",
+                     help="Turn a collector on (repeatable)."),
+        click.option("--disable-collector", "disable", multiple=True, metavar="NAME",
+                     help="Turn a collector off (repeatable)."),
+        click.option("--checkpoint-path", "checkpoint_paths", multiple=True, type=click.Path(path_type=Path),
+                     help="A checkpoint directory whose volume is always watched (repeatable)."),
+        click.option("--procfs", type=click.Path(path_type=Path), help="procfs mount point [/proc]."),
+        click.option("--sysfs", type=click.Path(path_type=Path), help="sysfs mount point [/sys]."),
+        click.option("--rootfs", type=click.Path(path_type=Path), help="Host root for filesystem stats [/]."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="raypulse exporter")
+def main() -> None:
+    """raypulse exporter: job, node/pod and GPU metrics of a Ray node for Prometheus."""
+
+
+@main.command()
+@_config_options
+def serve(config_file: Path | None, **flag_args: Any) -> None:
+    """Serve /metrics, /healthz, /readyz and / until interrupted."""
+    config = _load(config_file, **flag_args)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from exporter.server import serve as run_server
+
+    try:
+        asyncio.run(run_server(config))
+    except OSError as exc:  # e.g. the port is taken
+        click.echo(f"exporter: cannot listen on {config.listen}: {exc.strerror or exc}", err=True)
+        sys.exit(1)
+
+
+@main.command("check-config")
+@_config_options
+def check_config(config_file: Path | None, **flag_args: Any) -> None:
+    """Validate the configuration and print the effective settings as YAML."""
+    import yaml
+
+    config = _load(config_file, **flag_args)
+    click.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), nl=False)
+
+
+@main.command("config-reference")
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of stdout.")
+def config_reference(output: Path | None) -> None:
+    """Print every setting with its environment variable and flag (docs/configuration.md)."""
+    from exporter import reference
+
+    _write(reference.configuration_markdown(), output)
+
+
+@main.command()
+@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of stdout.")
+def metrics(fmt: str, output: Path | None) -> None:
+    """Print the metric catalog (docs/metrics.md is this command's markdown)."""
+    from exporter import reference
+
+    _write(reference.markdown() if fmt == "markdown" else reference.as_json() + "\n", output)
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output:
+        output.write_text(text)
+    else:
+        click.echo(text, nl=False)

@@ -1,0 +1,212 @@
+"""Exporter configuration: defaults < YAML file < environment < command-line flags.
+
+Everything is validated by one pydantic model; a bad value fails start-up with a message that
+names the field, where it came from, and what is expected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
+
+DEFAULT_PORT = 9477
+ENV_PREFIX = "RAYPULSE_EXPORTER_"
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message is meant for the person who wrote it."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CollectorSettings(_Strict):
+    enabled: bool | None = Field(None, description="Run this collector; unset means its default.")
+    interval_seconds: float | None = Field(None, gt=0, le=3600, description="Seconds between runs.")
+    deadline_seconds: float | None = Field(None, gt=0, le=3600,
+                                           description="A run taking longer counts as a timeout.")
+
+
+class NodeSettings(_Strict):
+    procfs: Path = Field(Path("/proc"), description="Where procfs is mounted (the host's, in a container).")
+    sysfs: Path = Field(Path("/sys"), description="Where sysfs is mounted.")
+    rootfs: Path = Field(Path("/"), description="Prefix for statvfs on mount points (host root in a container).")
+    name: str | None = Field(None, description="Node name reported in raypulse_node_info; default the hostname.")
+    checkpoint_paths: tuple[Path, ...] = Field((), description="Directories holding checkpoints; "
+                                               "their volumes are always watched.")
+    ray_temp_dir: Path = Field(Path("/tmp/ray"), description="Ray's temp/spill directory; its volume is watched.")
+    object_store_dir: Path = Field(Path("/dev/shm"), description="Ray's object store (plasma) directory.")
+    filesystem_exclude_fstypes: str = Field(
+        r"^(autofs|binfmt_misc|bpf|cgroup2?|configfs|debugfs|devpts|devtmpfs|fusectl|hugetlbfs|iso9660|"
+        r"mqueue|nsfs|proc|procfs|pstore|rpc_pipefs|securityfs|selinuxfs|squashfs|erofs|sysfs|tracefs|"
+        r"ramfs|efivarfs)$",
+        description="Regex of filesystem types never reported (unless they hold a watched path).")
+    filesystem_exclude_mountpoints: str = Field(
+        r"^/(dev|proc|run/credentials/.+|sys|var/lib/docker/.+|var/lib/containers/storage/.+|"
+        r"var/lib/kubelet/pods/.+|snap/.+)($|/)",
+        description="Regex of mount points never reported (unless they hold a watched path).")
+    filesystem_stat_timeout_seconds: float = Field(2.0, gt=0, le=60,
+                                                   description="A statvfs taking longer marks the mount stuck.")
+    disk_exclude_devices: str = Field(r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]+|nvme\d+n\d+p|sr)\d+$",
+                                      description="Regex of block devices never reported (partitions, loops).")
+    network_exclude_interfaces: str = Field(
+        r"^(lo|veth.*|cali.*|docker\d*|br-.*|virbr.*|flannel.*|cni.*|tunl\d*|vxlan.*|kube-ipvs\d*)$",
+        description="Regex of network interfaces never reported.")
+
+    @field_validator("filesystem_exclude_fstypes", "filesystem_exclude_mountpoints", "disk_exclude_devices",
+                     "network_exclude_interfaces")
+    @classmethod
+    def _is_regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return value
+
+
+class PodSettings(_Strict):
+    cgroupfs: Path = Field(Path("/sys/fs/cgroup"), description="Where the cgroup hierarchy is mounted.")
+    cgroup_path: str | None = Field(None, description="Cgroup to measure, relative to the hierarchy; "
+                                    "default: this process's own, widened to its Kubernetes pod.")
+
+
+class ExporterConfig(BaseSettings):
+    """The whole configuration; the YAML file has the same shape."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid",
+                                      frozen=True)
+
+    listen: str = Field(f"0.0.0.0:{DEFAULT_PORT}", description="HOST:PORT the HTTP server listens on.")
+    web_config_file: Path | None = Field(None, description="TLS and basic auth, exporter-toolkit format.")
+    log_level: str = Field("info", pattern=r"^(debug|info|warning|error)$", description="Logging level.")
+    stale_after_intervals: float = Field(3.0, ge=1, le=100,
+                                         description="A collector's series are dropped when its last good "
+                                                     "run is older than this many intervals.")
+    collectors: dict[str, CollectorSettings] = Field(default_factory=dict,
+                                                     description="Per-collector settings by name.")
+    node: NodeSettings = Field(default_factory=NodeSettings)
+    pod: PodSettings = Field(default_factory=PodSettings)
+
+    @field_validator("listen")
+    @classmethod
+    def _is_host_port(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+    @field_validator("collectors")
+    @classmethod
+    def _known_collectors(cls, value: dict[str, CollectorSettings]) -> dict[str, CollectorSettings]:
+        from exporter.collector import REGISTRY, load_collectors
+
+        load_collectors()
+        unknown = sorted(set(value) - set(REGISTRY))
+        if unknown:
+            raise ValueError(f"unknown collector(s) {', '.join(unknown)}; known: {', '.join(sorted(REGISTRY))}")
+        return value
+
+    def collector_settings(self, name: str) -> CollectorSettings:
+        return self.collectors.get(name, CollectorSettings())
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[V6]:PORT` or `:PORT` (all interfaces) into (host, port)."""
+    match = re.fullmatch(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", value)
+    if not match or not 0 <= int(match["port"]) < 65536:  # 0: any free port
+        raise ValueError(f"expected HOST:PORT such as 127.0.0.1:{DEFAULT_PORT} or :{DEFAULT_PORT}, got {value!r}")
+    host = match["v6"] or match["host"] or "0.0.0.0"
+    return host, int(match["port"])
+
+
+def read_yaml_file(path: Path, what: str) -> dict[str, Any]:
+    """Read a YAML mapping, turning I/O and syntax problems into ConfigErrors naming the file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path}: the top level must be a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def load_config(flags: Mapping[str, Any] | None = None, config_file: Path | None = None,
+                environ: Mapping[str, str] | None = None) -> ExporterConfig:
+    """Merge the sources (flags win, then environment, then file) and validate once."""
+    file_values = read_yaml_file(config_file, "config file") if config_file else {}
+    env_values = _environment_values(environ if environ is not None else os.environ)
+    flag_values = dict(flags or {})
+    merged = _deep_merge(_deep_merge(file_values, env_values), flag_values)
+    try:
+        return ExporterConfig.model_validate(merged)
+    except ValidationError as exc:
+        sources = [("command-line flag", flag_values), (f"environment ({ENV_PREFIX}*)", env_values),
+                   (f"config file {config_file}", file_values)]
+        raise ConfigError(format_validation_error(exc, sources)) from None
+
+
+def format_validation_error(exc: ValidationError, sources: list[tuple[str, Mapping[str, Any]]]) -> str:
+    """One line per problem: `field.path: message (from SOURCE)`."""
+    lines = ["invalid configuration:"]
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        origin = _origin(loc, sources)
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown setting (check the spelling; see `exporter serve --help` and docs/configuration.md)"
+        where = f" (from {origin})" if origin else ""
+        lines.append(f"  {'.'.join(loc) or '<top level>'}: {message}{where}")
+    return "\n".join(lines)
+
+
+def _origin(loc: list[str], sources: list[tuple[str, Mapping[str, Any]]]) -> str | None:
+    """The source that set the field, or its closest parent (a missing field's section)."""
+    for depth in range(len(loc), 0, -1):
+        for name, values in sources:
+            if _has_path(values, loc[:depth]):
+                return name
+    return sources[0][0] if len(sources) == 1 else None
+
+
+def _environment_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    source = EnvSettingsSource(ExporterConfig)
+    source.env_vars = {k.lower(): v for k, v in environ.items()}  # the given environment, not os.environ
+    try:
+        return source()
+    except SettingsError as exc:  # e.g. a list-valued variable that is not JSON
+        raise ConfigError(f"invalid configuration in the environment: {exc} (lists and mappings are JSON, "
+                          f"e.g. {ENV_PREFIX}NODE__CHECKPOINT_PATHS='[\"/ckpt\"]')") from None
+
+
+def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    result = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = _deep_merge(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+def _has_path(values: Mapping[str, Any], loc: list[str]) -> bool:
+    current: Any = values
+    for part in loc:
+        if isinstance(current, Mapping) and part in current:
+            current = current[part]
+        elif isinstance(current, (list, tuple)) and part.isdigit() and int(part) < len(current):
+            current = current[int(part)]
+        else:
+            return False
+    return True

@@ -1,0 +1,137 @@
+"""Snapshots to exposition bytes, rendered once per change and served as they are.
+
+prometheus_client renders both formats from const metric families (never a hand-written
+format). The `Publisher` re-renders when a collector publishes or a snapshot goes stale, off the
+event loop, and swaps the new bytes in; a scrape only picks the bytes for its format. Only the
+formats scraped in the last few minutes are rendered ahead (Prometheus asks for OpenMetrics, a
+curl for text); the first scrape of a format nobody asked for lately renders it once, from the
+families already built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import gzip
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.openmetrics import exposition as openmetrics
+
+from exporter.catalog import MetricSpec, MetricType
+from exporter.snapshot import Snapshot
+
+# Fast compression: the bytes go over loopback or a LAN and are re-made on every change.
+GZIP_LEVEL = 1
+# A format scraped within this many seconds is rendered ahead of the next scrape.
+WANTED_SECONDS = 600.0
+
+
+class Format(enum.Enum):
+    TEXT = "text/plain; version=0.0.4; charset=utf-8"
+    OPENMETRICS = openmetrics.CONTENT_TYPE_LATEST
+
+    @property
+    def content_type(self) -> str:
+        return self.value
+
+
+def metric_family(spec: MetricSpec, series: Iterable[tuple[tuple[str, ...], float]]) -> Metric:
+    family: Metric
+    if spec.type is MetricType.COUNTER:
+        family = CounterMetricFamily(spec.base_name, spec.help, labels=spec.labels, unit=spec.unit)
+    elif spec.type is MetricType.INFO:
+        family = InfoMetricFamily(spec.base_name, spec.help, labels=spec.labels)
+        for label_values, _ in series:
+            family.add_metric(label_values, {})
+        return family
+    else:
+        family = GaugeMetricFamily(spec.base_name, spec.help, labels=spec.labels, unit=spec.unit)
+    for label_values, value in series:
+        family.add_metric(label_values, value)
+    return family
+
+
+def build_families(snapshots: Iterable[Snapshot]) -> list[Metric]:
+    """Every served family, sorted by name, built once and shared by both formats."""
+    items = sorted(((spec, series) for snapshot in snapshots for spec, series in snapshot),
+                   key=lambda item: item[0].name)
+    return [metric_family(spec, series) for spec, series in items]
+
+
+class _Families:
+    """The prometheus_client "collector" interface over already-built families."""
+
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+@dataclass(frozen=True)
+class Rendering:
+    body: bytes
+    gzipped: bytes
+
+    @classmethod
+    def of(cls, fmt: Format, families: Sequence[Metric]) -> Rendering:
+        encode = openmetrics.generate_latest if fmt is Format.OPENMETRICS else generate_latest
+        body = encode(_Families(families))  # type: ignore[arg-type]
+        return cls(body, gzip.compress(body, GZIP_LEVEL, mtime=0))
+
+
+def render(snapshots: Iterable[Snapshot], formats: Iterable[Format]) -> tuple[list[Metric], dict[Format, Rendering]]:
+    families = build_families(snapshots)
+    return families, {fmt: Rendering.of(fmt, families) for fmt in formats}
+
+
+class Publisher:
+    """Keeps the served bytes equal to the rendering of the scheduler's fresh snapshots."""
+
+    def __init__(self, snapshots: Callable[[float], list[Snapshot]], next_expiry: Callable[[float], float | None],
+                 debounce_seconds: float = 0.05) -> None:
+        self._snapshots = snapshots
+        self._next_expiry = next_expiry
+        self._debounce = debounce_seconds
+        self._changed = asyncio.Event()
+        self._families: list[Metric] = []
+        self._renderings: dict[Format, Rendering] = {}
+        self._wanted_at: dict[Format, float] = {}
+        self.renders = 0
+
+    def notify(self) -> None:
+        self._changed.set()
+
+    def body(self, fmt: Format, *, want_gzip: bool) -> bytes:
+        loop = asyncio.get_running_loop()
+        self._wanted_at[fmt] = loop.time()
+        rendering = self._renderings.get(fmt)
+        if rendering is None:  # not scraped lately: encode the current families once, then keep it
+            rendering = self._renderings[fmt] = Rendering.of(fmt, self._families)
+        return rendering.gzipped if want_gzip else rendering.body
+
+    async def render_now(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        wanted = [fmt for fmt, at in self._wanted_at.items() if now - at < WANTED_SECONDS]
+        families, renderings = await asyncio.to_thread(render, self._snapshots(now), wanted)
+        self._families, self._renderings = families, renderings  # swapped together, on the loop
+        self.renders += 1
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            expiry = self._next_expiry(loop.time())
+            timeout = None if expiry is None else max(0.0, expiry - loop.time()) + 0.001
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass  # a snapshot went stale: render without it
+            # Coalesce collectors that finish together into one rendering.
+            await asyncio.sleep(self._debounce)
+            self._changed.clear()
+            await self.render_now()

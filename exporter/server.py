@@ -1,0 +1,150 @@
+"""The exporter's HTTP server: serves pre-rendered bytes, never collects in a request.
+
+    /metrics   Prometheus text 0.0.4, or OpenMetrics when the Accept header asks; gzip on request
+    /healthz   the process is alive (never depends on collection)
+    /readyz    every collector has run once
+    /          a landing page
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import logging
+import signal
+import ssl
+from collections.abc import Sequence
+
+from aiohttp import web
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+
+from exporter import __version__
+from exporter.collector import REGISTRY, Collector, load_collectors
+from exporter.config import ExporterConfig, parse_listen
+from exporter.exposition import Format, Publisher
+from exporter.scheduler import Scheduler
+from exporter.webconfig import BasicAuth, WebConfig, load_web_config, ssl_context
+
+log = logging.getLogger(__name__)
+
+
+def enabled_collectors(config: ExporterConfig) -> list[Collector]:
+    """Instantiate every registered collector that the configuration enables."""
+    load_collectors()
+    collectors = []
+    for name, cls in sorted(REGISTRY.items()):
+        enabled = config.collector_settings(name).enabled
+        if enabled if enabled is not None else cls.default_enabled:
+            collectors.append(cls(config))
+    return collectors
+
+
+class Exporter:
+    """Scheduler + publisher + aiohttp application; `start()`/`stop()` for tests and `serve()`."""
+
+    def __init__(self, config: ExporterConfig, collectors: Sequence[Collector] | None = None,
+                 web_config: WebConfig | None = None) -> None:
+        self.config = config
+        if web_config is None and config.web_config_file is not None:
+            web_config = load_web_config(config.web_config_file)
+        self.web_config = web_config or WebConfig()
+        self._ssl: ssl.SSLContext | None = (ssl_context(self.web_config.tls_server_config)
+                                            if self.web_config.tls_server_config else None)
+        self.collectors = list(collectors) if collectors is not None else enabled_collectors(config)
+        self.publisher: Publisher | None = None
+        self.scheduler: Scheduler | None = None
+        self._runner: web.AppRunner | None = None
+        self._publisher_task: asyncio.Task[None] | None = None
+        self.port: int | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._ssl else "http"
+
+    def make_app(self) -> web.Application:
+        middlewares = []
+        if self.web_config.basic_auth_users:
+            middlewares.append(BasicAuth(self.web_config.basic_auth_users).middleware())
+        app = web.Application(middlewares=middlewares)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/", self._index)
+        return app
+
+    async def start(self) -> None:
+        scheduler = self.scheduler = Scheduler(self.collectors, self.config, on_change=self._changed)
+        self.publisher = Publisher(scheduler.snapshots, scheduler.next_expiry)
+        await self.publisher.render_now()
+        self._publisher_task = asyncio.create_task(self.publisher.run(), name="publisher")
+        self.scheduler.start()
+        host, port = parse_listen(self.config.listen)
+        self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, ssl_context=self._ssl, reuse_address=True)
+        await site.start()
+        self.port = self._runner.addresses[0][1]  # the real port when 0 was asked for
+        log.info("raypulse exporter %s listening on %s://%s:%s with collectors: %s", __version__, self.scheme,
+                 host, self.port, ", ".join(c.name for c in self.collectors))
+
+    def _changed(self) -> None:
+        if self.publisher is not None:
+            self.publisher.notify()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._publisher_task is not None:
+            self._publisher_task.cancel()
+            await asyncio.gather(self._publisher_task, return_exceptions=True)
+        if self.scheduler is not None:
+            await self.scheduler.stop()
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        assert self.publisher is not None
+        # prometheus_client's negotiation picks the format; we serve its canonical version.
+        _, negotiated = choose_encoder(request.headers.get("Accept", ""))
+        fmt = Format.OPENMETRICS if negotiated.startswith("application/openmetrics-text") else Format.TEXT
+        want_gzip = gzip_accepted(request.headers.get("Accept-Encoding", ""))
+        body = self.publisher.body(fmt, want_gzip=want_gzip)
+        headers = {"Content-Type": fmt.content_type}
+        if want_gzip:
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, headers=headers)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        assert self.scheduler is not None
+        if self.scheduler.ready:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="waiting for collectors: " + ", ".join(self.scheduler.pending()) + "\n")
+
+    async def _index(self, request: web.Request) -> web.Response:
+        assert self.scheduler is not None
+        rows = "".join(
+            f"<tr><td>{html.escape(r.name)}</td><td>{'up' if r.up else 'down'}</td><td>{r.interval:g}s</td>"
+            f"<td>{html.escape(r.collector.description)}</td></tr>" for r in self.scheduler.runners)
+        page = (f"<!doctype html><html><head><title>raypulse exporter</title></head><body>"
+                f"<h1>raypulse exporter {html.escape(__version__)}</h1>"
+                f'<p><a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> · '
+                f'<a href="/readyz">/readyz</a></p>'
+                f"<table><tr><th>collector</th><th>state</th><th>interval</th><th>source</th></tr>{rows}</table>"
+                f"</body></html>")
+        return web.Response(text=page, content_type="text/html")
+
+
+async def serve(config: ExporterConfig) -> None:
+    """Run until SIGINT/SIGTERM, then shut down cleanly."""
+    exporter = Exporter(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await exporter.start()
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await exporter.stop()

@@ -1,0 +1,1 @@
+"""raypulse launcher: submit a Ray training job in one command (see `launcher --help`)."""
