@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import importlib
 import pkgutil
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 if TYPE_CHECKING:
@@ -26,6 +27,9 @@ class Collector(abc.ABC):
 
     def __init__(self, config: ExporterConfig) -> None:
         self.config = config
+        # The other enabled collectors by name, for the few that build on another's data (the Ray
+        # process collector reads the GPU collector's per-process table). Set before the first run.
+        self.peers: Mapping[str, Collector] = {}
 
     def close(self) -> None:  # noqa: B027  (optional hook, most collectors hold nothing)
         """Release what the collector holds; called once at shutdown."""

@@ -51,6 +51,9 @@ class Exporter:
         self._ssl: ssl.SSLContext | None = (ssl_context(self.web_config.tls_server_config)
                                             if self.web_config.tls_server_config else None)
         self.collectors = list(collectors) if collectors is not None else enabled_collectors(config)
+        peers = {collector.name: collector for collector in self.collectors}
+        for collector in self.collectors:
+            collector.peers = peers
         self.publisher: Publisher | None = None
         self.scheduler: Scheduler | None = None
         self._runner: web.AppRunner | None = None
