@@ -16,26 +16,35 @@ from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfi
 EXIT_CONFIG_ERROR = 2
 
 
-def _flags(listen: str | None, web_config: Path | None, log_level: str | None, enable: tuple[str, ...],
-           disable: tuple[str, ...], checkpoint_paths: tuple[Path, ...], procfs: Path | None,
-           sysfs: Path | None, rootfs: Path | None) -> dict[str, Any]:
+# Flag (click parameter name) -> where it goes in the config. Options that collect several
+# values (multiple=True) arrive as tuples and become lists.
+_FLAG_PATHS: dict[str, tuple[str, ...]] = {
+    "listen": ("listen",),
+    "web_config": ("web_config_file",),
+    "log_level": ("log_level",),
+    "checkpoint_paths": ("node", "checkpoint_paths"),
+    "procfs": ("node", "procfs"),
+    "sysfs": ("node", "sysfs"),
+    "rootfs": ("node", "rootfs"),
+    "otlp_endpoint": ("otlp", "endpoint"),
+}
+
+
+def _flags(enable: tuple[str, ...] = (), disable: tuple[str, ...] = (), **values: Any) -> dict[str, Any]:
     """Only the flags actually given, shaped like the config file."""
     flags: dict[str, Any] = {}
-    if listen is not None:
-        flags["listen"] = listen
-    if web_config is not None:
-        flags["web_config_file"] = web_config
-    if log_level is not None:
-        flags["log_level"] = log_level
+    for name, value in values.items():
+        if value is None or value == ():
+            continue
+        *parents, leaf = _FLAG_PATHS[name]
+        section = flags
+        for parent in parents:
+            section = section.setdefault(parent, {})
+        section[leaf] = list(value) if isinstance(value, tuple) else value
     collectors = {name: {"enabled": True} for name in enable}
     collectors |= {name: {"enabled": False} for name in disable}
     if collectors:
         flags["collectors"] = collectors
-    node = {key: value for key, value in (("procfs", procfs), ("sysfs", sysfs), ("rootfs", rootfs)) if value}
-    if checkpoint_paths:
-        node["checkpoint_paths"] = list(checkpoint_paths)
-    if node:
-        flags["node"] = node
     return flags
 
 
@@ -70,6 +79,8 @@ def _config_options(func: Any) -> Any:
         click.option("--procfs", type=click.Path(path_type=Path), help="procfs mount point [/proc]."),
         click.option("--sysfs", type=click.Path(path_type=Path), help="sysfs mount point [/sys]."),
         click.option("--rootfs", type=click.Path(path_type=Path), help="Host root for filesystem stats [/]."),
+        click.option("--otlp-endpoint", metavar="URL",
+                     help="Also push every metric to this OTLP/HTTP endpoint (e.g. http://collector:4318)."),
     ]
     for option in reversed(options):
         func = option(func)

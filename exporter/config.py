@@ -78,6 +78,28 @@ class PodSettings(_Strict):
                                     "default: this process's own, widened to its Kubernetes pod.")
 
 
+class OtlpSettings(_Strict):
+    endpoint: str | None = Field(None, pattern=r"^https?://", description=(
+        "OTLP/HTTP base URL (http://collector:4318; /v1/metrics is added) to push every metric to; "
+        "unset: the standard OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT variables decide, none means no push."))
+    interval_seconds: float = Field(15.0, gt=0, le=3600, description="Seconds between OTLP pushes.")
+    timeout_seconds: float = Field(10.0, gt=0, le=300, description="An OTLP push taking longer is dropped.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers (e.g. an API key) "
+                                    "for the OTLP endpoint; OTEL_EXPORTER_OTLP_HEADERS works too.")
+
+    def url(self, environ: Mapping[str, str]) -> str | None:
+        """Where to push, or None when OTLP is off. `endpoint` is a base URL like
+        OTEL_EXPORTER_OTLP_ENDPOINT (/v1/metrics is added) unless it already names the path."""
+        if self.endpoint:
+            base = self.endpoint.rstrip("/")
+            return base if base.endswith("/v1/metrics") else base + "/v1/metrics"
+        if environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+            return environ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]
+        if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            return environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/metrics"
+        return None
+
+
 class ExporterConfig(BaseSettings):
     """The whole configuration; the YAML file has the same shape."""
 
@@ -94,6 +116,7 @@ class ExporterConfig(BaseSettings):
                                                      description="Per-collector settings by name.")
     node: NodeSettings = Field(default_factory=NodeSettings)
     pod: PodSettings = Field(default_factory=PodSettings)
+    otlp: OtlpSettings = Field(default_factory=OtlpSettings)
 
     @field_validator("listen")
     @classmethod

@@ -101,6 +101,8 @@ class Publisher:
         self._renderings: dict[Format, Rendering] = {}
         self._wanted_at: dict[Format, float] = {}
         self.renders = 0
+        # What the served bytes were rendered from; other consumers (OTLP push) read the same.
+        self.latest_snapshots: list[Snapshot] = []
 
     def notify(self) -> None:
         self._changed.set()
@@ -117,8 +119,10 @@ class Publisher:
         loop = asyncio.get_running_loop()
         now = loop.time()
         wanted = [fmt for fmt, at in self._wanted_at.items() if now - at < WANTED_SECONDS]
-        families, renderings = await asyncio.to_thread(render, self._snapshots(now), wanted)
+        snapshots = self._snapshots(now)
+        families, renderings = await asyncio.to_thread(render, snapshots, wanted)
         self._families, self._renderings = families, renderings  # swapped together, on the loop
+        self.latest_snapshots = snapshots
         self.renders += 1
 
     async def run(self) -> None:

@@ -62,6 +62,7 @@ def as_json() -> str:
 _FLAGS = {"listen": "--listen", "web_config_file": "--web-config", "log_level": "--log-level",
           "node.procfs": "--procfs", "node.sysfs": "--sysfs", "node.rootfs": "--rootfs",
           "node.checkpoint_paths": "--checkpoint-path (repeatable)",
+          "otlp.endpoint": "--otlp-endpoint",
           "collectors.<name>.enabled": "--enable-collector / --disable-collector NAME"}
 
 

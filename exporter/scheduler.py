@@ -161,6 +161,8 @@ class Scheduler:
                                                 on_change))
         self.started_at = time.time()
         self._tasks: list[asyncio.Task[None]] = []
+        # Parts outside the collectors (the OTLP pusher) add their health to the self snapshot.
+        self.self_reporters: list[Callable[[SampleSink], None]] = []
 
     def start(self) -> None:
         for runner in self.runners:
@@ -221,4 +223,6 @@ class Scheduler:
             out.add(selfmetrics.COLLECTOR_SERIES, snapshot.series_count() if snapshot else 0, collector=name)
             for kind, count in runner.errors.items():
                 out.add(selfmetrics.COLLECTOR_ERRORS, count, collector=name, kind=kind)
+        for report in self.self_reporters:
+            report(out)
         return out.freeze(now)

@@ -41,3 +41,14 @@ COLLECTOR_STUCK = gauge("raypulse_exporter_collector_stuck",
 COLLECTOR_SERIES = gauge("raypulse_exporter_collector_series",
                          "Series the collector currently contributes to /metrics (0 once stale).",
                          collector=EXPORTER, labels=("collector",))
+
+_OTLP = "when OTLP push is configured"
+OTLP_EXPORTS = counter("raypulse_exporter_otlp_exports_total",
+                       "OTLP export attempts by result; a failed export's batch is dropped, not retried later.",
+                       collector=EXPORTER, labels=("result",), only_when=_OTLP)
+OTLP_DROPPED_POINTS = counter("raypulse_exporter_otlp_dropped_points_total",
+                              "Data points in OTLP batches that could not be delivered.", collector=EXPORTER,
+                              only_when=_OTLP)
+OTLP_LAST_SUCCESS = gauge("raypulse_exporter_otlp_last_success_timestamp_seconds",
+                          "Unix time of the last OTLP export the endpoint accepted.", collector=EXPORTER,
+                          unit="seconds", only_when="after the first OTLP export the endpoint accepted")

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
+import os
 import signal
 import ssl
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -24,6 +26,9 @@ from exporter.config import ExporterConfig, parse_listen
 from exporter.exposition import Format, Publisher
 from exporter.scheduler import Scheduler
 from exporter.webconfig import BasicAuth, WebConfig, load_web_config, ssl_context
+
+if TYPE_CHECKING:
+    from exporter.otlp import OtlpPusher
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,7 @@ class Exporter:
         self.scheduler: Scheduler | None = None
         self._runner: web.AppRunner | None = None
         self._publisher_task: asyncio.Task[None] | None = None
+        self._otlp: OtlpPusher | None = None
         self.port: int | None = None
 
     @property
@@ -78,6 +84,7 @@ class Exporter:
     async def start(self) -> None:
         scheduler = self.scheduler = Scheduler(self.collectors, self.config, on_change=self._changed)
         self.publisher = Publisher(scheduler.snapshots, scheduler.next_expiry)
+        self._start_otlp(scheduler)
         await self.publisher.render_now()
         self._publisher_task = asyncio.create_task(self.publisher.run(), name="publisher")
         self.scheduler.start()
@@ -89,6 +96,17 @@ class Exporter:
         self.port = self._runner.addresses[0][1]  # the real port when 0 was asked for
         log.info("raypulse exporter %s listening on %s://%s:%s with collectors: %s", __version__, self.scheme,
                  host, self.port, ", ".join(c.name for c in self.collectors))
+
+    def _start_otlp(self, scheduler: Scheduler) -> None:
+        url = self.config.otlp.url(os.environ)
+        if url is None:
+            return
+        from exporter.otlp import OtlpPusher  # opentelemetry is only loaded when OTLP is on
+
+        publisher = self.publisher
+        self._otlp = OtlpPusher(self.config.otlp, url, cluster=None, snapshots=lambda: publisher.latest_snapshots)
+        scheduler.self_reporters.append(self._otlp.report)
+        log.info("pushing metrics over OTLP/HTTP to %s every %gs", url, self.config.otlp.interval_seconds)
 
     def _changed(self) -> None:
         if self.publisher is not None:
@@ -102,6 +120,8 @@ class Exporter:
             await asyncio.gather(self._publisher_task, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.stop()
+        if self._otlp is not None:
+            await asyncio.to_thread(self._otlp.shutdown)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         assert self.publisher is not None
