@@ -54,7 +54,7 @@ class MetricSpec:
             return self.name.removesuffix("_info")
         return self.name
 
-    def label_values(self, labels: dict[str, str]) -> tuple[str, ...]:
+    def label_values(self, labels: dict[str, object]) -> tuple[str, ...]:
         """Order `labels` as declared; a missing or unknown label name is a programming error."""
         if len(labels) != len(self.labels):
             raise ValueError(f"{self.name}: labels {sorted(labels)} != declared {list(self.labels)}")

@@ -34,8 +34,7 @@ class SampleSink:
         value = float(value)
         if math.isnan(value):
             return
-        values = spec.label_values({k: str(v) for k, v in labels.items()})
-        self._samples.setdefault(spec, {})[values] = value
+        self._samples.setdefault(spec, {})[spec.label_values(labels)] = value
 
     def add_info(self, spec: MetricSpec, **labels: object) -> None:
         self.add(spec, 1.0, **labels)
@@ -65,7 +64,7 @@ class Snapshot:
 
     def value(self, spec: MetricSpec, **labels: object) -> float | None:
         """Look one sample up; for tests and for collectors that build on others."""
-        wanted = spec.label_values({k: str(v) for k, v in labels.items()})
+        wanted = spec.label_values(labels)
         for values, value in self.families.get(spec, ()):
             if values == wanted:
                 return value

@@ -11,9 +11,7 @@ from pathlib import Path
 def read_text(path: Path) -> str | None:
     try:
         return path.read_text()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError:  # EINVAL from sysfs attributes a driver does not implement (e.g. speed of a virtual NIC)
+    except OSError:  # absent, or EINVAL from a sysfs attribute the driver does not implement (a virtual NIC's speed)
         return None
 
 
