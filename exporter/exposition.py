@@ -1,11 +1,13 @@
 """Snapshots to exposition bytes, rendered once per change and served as they are.
 
-prometheus_client renders both formats from const metric families (never a hand-written
-format). The `Publisher` re-renders when a collector publishes or a snapshot goes stale, off the
-event loop, and swaps the new bytes in; a scrape only picks the bytes for its format. Only the
-formats scraped in the last few minutes are rendered ahead (Prometheus asks for OpenMetrics, a
-curl for text); the first scrape of a format nobody asked for lately renders it once, from the
-families already built.
+prometheus_client encodes const metric families (never a hand-written format). Each snapshot
+is encoded once per format into a chunk that is kept while the snapshot is served, so a
+collector's run re-encodes only its own families; a body is the chunks joined (a family lives
+in one snapshot, so it is never split). The `Publisher` re-assembles the body when a collector
+publishes or a snapshot goes stale, off the event loop, and swaps it in; a scrape only picks
+the bytes for its format. Only formats scraped in the last few minutes are assembled ahead
+(Prometheus asks for OpenMetrics, a curl for text); the first scrape of another format
+assembles it once.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import gzip
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -71,21 +74,51 @@ class _Families:
         return iter(self._families)
 
 
+_OPENMETRICS_EOF = b"# EOF\n"
+
+
+def encode(fmt: Format, snapshot: Snapshot) -> bytes:
+    """One snapshot's families in `fmt`, without OpenMetrics' end marker."""
+    families = _Families(build_families([snapshot]))
+    if fmt is Format.OPENMETRICS:
+        return openmetrics.generate_latest(families).removesuffix(_OPENMETRICS_EOF)  # type: ignore[arg-type]
+    return generate_latest(families)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class Rendering:
     body: bytes
     gzipped: bytes
 
     @classmethod
-    def of(cls, fmt: Format, families: Sequence[Metric]) -> Rendering:
-        encode = openmetrics.generate_latest if fmt is Format.OPENMETRICS else generate_latest
-        body = encode(_Families(families))  # type: ignore[arg-type]
+    def of(cls, fmt: Format, chunks: Iterable[bytes]) -> Rendering:
+        body = b"".join(chunks) + (_OPENMETRICS_EOF if fmt is Format.OPENMETRICS else b"")
         return cls(body, gzip.compress(body, GZIP_LEVEL, mtime=0))
 
 
-def render(snapshots: Iterable[Snapshot], formats: Iterable[Format]) -> tuple[list[Metric], dict[Format, Rendering]]:
-    families = build_families(snapshots)
-    return families, {fmt: Rendering.of(fmt, families) for fmt in formats}
+class ChunkCache:
+    """Encoded chunks of the snapshots being served, by snapshot and format."""
+
+    def __init__(self) -> None:
+        # (id(snapshot), format) -> (snapshot, chunk); holding the snapshot keeps its id unique.
+        self._chunks: dict[tuple[int, Format], tuple[Snapshot, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def render(self, snapshots: Sequence[Snapshot], formats: Iterable[Format]) -> dict[Format, Rendering]:
+        with self._lock:
+            served = {id(snapshot) for snapshot in snapshots}
+            live = {key: entry for key, entry in self._chunks.items() if key[0] in served}
+            renderings = {}
+            for fmt in formats:
+                chunks = []
+                for snapshot in snapshots:
+                    entry = live.get((id(snapshot), fmt))
+                    if entry is None:
+                        entry = live[(id(snapshot), fmt)] = (snapshot, encode(fmt, snapshot))
+                    chunks.append(entry[1])
+                renderings[fmt] = Rendering.of(fmt, chunks)
+            self._chunks = live
+            return renderings
 
 
 class Publisher:
@@ -97,7 +130,7 @@ class Publisher:
         self._next_expiry = next_expiry
         self._debounce = debounce_seconds
         self._changed = asyncio.Event()
-        self._families: list[Metric] = []
+        self._chunks = ChunkCache()
         self._renderings: dict[Format, Rendering] = {}
         self._wanted_at: dict[Format, float] = {}
         self.renders = 0
@@ -111,8 +144,8 @@ class Publisher:
         loop = asyncio.get_running_loop()
         self._wanted_at[fmt] = loop.time()
         rendering = self._renderings.get(fmt)
-        if rendering is None:  # not scraped lately: encode the current families once, then keep it
-            rendering = self._renderings[fmt] = Rendering.of(fmt, self._families)
+        if rendering is None:  # not scraped lately: assemble it once from the served snapshots, then keep it
+            rendering = self._renderings[fmt] = self._chunks.render(self.latest_snapshots, [fmt])[fmt]
         return rendering.gzipped if want_gzip else rendering.body
 
     async def render_now(self) -> None:
@@ -120,9 +153,8 @@ class Publisher:
         now = loop.time()
         wanted = [fmt for fmt, at in self._wanted_at.items() if now - at < WANTED_SECONDS]
         snapshots = self._snapshots(now)
-        families, renderings = await asyncio.to_thread(render, snapshots, wanted)
-        self._families, self._renderings = families, renderings  # swapped together, on the loop
-        self.latest_snapshots = snapshots
+        renderings = await asyncio.to_thread(self._chunks.render, snapshots, wanted)
+        self._renderings, self.latest_snapshots = renderings, snapshots  # swapped together, on the loop
         self.renders += 1
 
     async def run(self) -> None:
