@@ -12,6 +12,7 @@ import click
 
 from exporter import __version__
 from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig, load_config
+from exporter.gpusim.cli import gpu_fault
 
 EXIT_CONFIG_ERROR = 2
 
@@ -27,6 +28,12 @@ _FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "sysfs": ("node", "sysfs"),
     "rootfs": ("node", "rootfs"),
     "otlp_endpoint": ("otlp", "endpoint"),
+    "cluster": ("cluster",),
+    "ray_dashboard": ("ray", "dashboard_url"),
+    "ray_role": ("ray", "role"),
+    "progress_listen": ("progress", "listen"),
+    "simulate_gpus": ("gpu", "simulate"),
+    "gpu_control": ("gpu", "control_file"),
 }
 
 
@@ -81,6 +88,18 @@ def _config_options(func: Any) -> Any:
         click.option("--rootfs", type=click.Path(path_type=Path), help="Host root for filesystem stats [/]."),
         click.option("--otlp-endpoint", metavar="URL",
                      help="Also push every metric to this OTLP/HTTP endpoint (e.g. http://collector:4318)."),
+        click.option("--cluster", metavar="NAME", help="Name of the Ray cluster (the cluster label of /sd targets)."),
+        click.option("--ray-dashboard", metavar="URL",
+                     help="Ray dashboard URL [default: the one this node's raylet uses, else http://127.0.0.1:8265]."),
+        click.option("--ray-role", type=click.Choice(["auto", "head", "worker"]),
+                     help="head also exports jobs/cluster metrics and serves /sd [default: auto]."),
+        click.option("--progress-listen", metavar="HOST:PORT|unix:PATH|off",
+                     help="Training progress endpoint [default: 127.0.0.1:9478; loopback or unix socket]."),
+        click.option("--simulate-gpus", type=click.IntRange(min=0), metavar="N",
+                     help="Simulate N GPUs instead of reading NVML; their series say simulated=\"true\" "
+                          "(docs/gpu-simulation.md)."),
+        click.option("--gpu-control", type=click.Path(path_type=Path), metavar="FILE",
+                     help="Fault-injection control file of the simulated GPUs (see `exporter gpu-fault`)."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -142,3 +161,6 @@ def _write(text: str, output: Path | None) -> None:
         output.write_text(text)
     else:
         click.echo(text, nl=False)
+
+
+main.add_command(gpu_fault)  # exporter gpu-fault: fault injection for simulated GPUs

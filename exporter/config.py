@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
 DEFAULT_PORT = 9477
@@ -78,6 +78,26 @@ class PodSettings(_Strict):
                                     "default: this process's own, widened to its Kubernetes pod.")
 
 
+class GpuSettings(_Strict):
+    simulate: int = Field(0, ge=0, le=64, description="Simulate this many GPUs instead of reading NVML "
+                          "(docs/gpu-simulation.md); 0: the real GPUs. Simulated series say simulated=\"true\".")
+    simulate_model: str = Field("H100", description="Model of the simulated GPUs: H100, H200, B200, A100, V100 "
+                                "or RTX6000ADA.")
+    control_file: Path | None = Field(None, description="JSON file that injects faults into the simulated GPUs "
+                                      "at run time (written by `exporter gpu-fault`).")
+    init_retry_max_seconds: float = Field(300.0, gt=0, le=86400, description="Longest wait between NVML "
+                                          "initialization attempts while they fail (the wait doubles from 1 s).")
+    static_refresh_seconds: float = Field(300.0, gt=0, le=86400, description="Seconds between re-reads of what "
+                                          "rarely changes (limits, maxima) and re-probes of unsupported calls.")
+
+    @field_validator("simulate_model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        from exporter.gpusim.models import model
+
+        return model(value).key
+
+
 class OtlpSettings(_Strict):
     endpoint: str | None = Field(None, pattern=r"^https?://", description=(
         "OTLP/HTTP base URL (http://collector:4318; /v1/metrics is added) to push every metric to; "
@@ -100,6 +120,70 @@ class OtlpSettings(_Strict):
         return None
 
 
+LISTEN_OFF = "off"
+_LABEL_VALUE = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$"
+
+
+class RaySettings(_Strict):
+    dashboard_url: str | None = Field(None, pattern=r"^https?://[^\s/]+/?$", description=(
+        "Ray dashboard base URL (http://head:8265). Unset: the dashboard this node's raylet was started "
+        "with, else http://127.0.0.1:8265. The token comes from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+        "~/.ray/auth_token, as Ray reads it."))
+    role: str = Field("auto", pattern=r"^(auto|head|worker)$", description=(
+        "head: also export cluster-wide job, node and workload metrics and serve /sd; worker: only this "
+        "node's Ray processes; auto: head when this host runs the head raylet (checked every run)."))
+    request_timeout_seconds: float = Field(3.0, gt=0, le=60, description="A dashboard request taking longer "
+                                           "fails (and the series it feeds are omitted for that run).")
+    finished_job_retention_seconds: float = Field(3600.0, ge=0, le=30 * 86400, description=(
+        "Finished jobs stay exported this long after they end, then their series go away."))
+    max_finished_jobs: int = Field(100, ge=0, le=10000, description="At most this many finished jobs "
+                                   "(the most recent) are exported; running and pending jobs always are.")
+
+
+class ProgressSettings(_Strict):
+    listen: str = Field("127.0.0.1:9478", description=(
+        "Where training code reports progress (exporter.progress): HOST:PORT, unix:/path/to.sock, or off. "
+        "Only loopback or a Unix socket unless allow_remote."))
+    allow_remote: bool = Field(False, description="Allow a progress listen address other than loopback.")
+    max_body_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024, description="Largest report batch "
+                                "accepted (bytes); larger ones get 413.")
+    max_jobs: int = Field(64, ge=1, le=10000, description="Most jobs with progress series at once; a report "
+                          "for one more gets 429 until one expires.")
+    max_ranks_per_job: int = Field(1024, ge=1, le=100000, description="Most ranks (series sets) per job; a "
+                                   "report for one more gets 429.")
+    expire_after_seconds: float = Field(3600.0, gt=0, le=30 * 86400, description=(
+        "A rank that has not reported for this long is dropped (a job with no rank left too)."))
+
+    @field_validator("listen")
+    @classmethod
+    def _is_listen(cls, value: str) -> str:
+        if value == LISTEN_OFF or value.startswith("unix:"):
+            if value.startswith("unix:") and not value.removeprefix("unix:").startswith("/"):
+                raise ValueError("a Unix socket is unix:/absolute/path")
+            return value
+        parse_listen(value)
+        return value
+
+    @model_validator(mode="after")
+    def _loopback_unless_allowed(self) -> ProgressSettings:
+        if self.listen == LISTEN_OFF or self.listen.startswith("unix:") or self.allow_remote:
+            return self
+        host, _ = parse_listen(self.listen)
+        if host != "localhost" and not _is_loopback(host):
+            raise ValueError(f"listen: {self.listen!r} is not loopback; training code on other hosts could "
+                             "write metrics. Use 127.0.0.1, a unix: socket, or set progress.allow_remote")
+        return self
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class ExporterConfig(BaseSettings):
     """The whole configuration; the YAML file has the same shape."""
 
@@ -116,7 +200,12 @@ class ExporterConfig(BaseSettings):
                                                      description="Per-collector settings by name.")
     node: NodeSettings = Field(default_factory=NodeSettings)
     pod: PodSettings = Field(default_factory=PodSettings)
+    gpu: GpuSettings = Field(default_factory=GpuSettings)
     otlp: OtlpSettings = Field(default_factory=OtlpSettings)
+    cluster: str | None = Field(None, pattern=_LABEL_VALUE, description=(
+        "Name of the Ray cluster: the `cluster` label of /sd targets, `cluster_name` of raypulse_ray_node_info."))
+    ray: RaySettings = Field(default_factory=RaySettings)
+    progress: ProgressSettings = Field(default_factory=ProgressSettings)
 
     @field_validator("listen")
     @classmethod

@@ -63,6 +63,9 @@ _FLAGS = {"listen": "--listen", "web_config_file": "--web-config", "log_level": 
           "node.procfs": "--procfs", "node.sysfs": "--sysfs", "node.rootfs": "--rootfs",
           "node.checkpoint_paths": "--checkpoint-path (repeatable)",
           "otlp.endpoint": "--otlp-endpoint",
+          "cluster": "--cluster", "ray.dashboard_url": "--ray-dashboard", "ray.role": "--ray-role",
+          "progress.listen": "--progress-listen",
+          "gpu.simulate": "--simulate-gpus", "gpu.control_file": "--gpu-control",
           "collectors.<name>.enabled": "--enable-collector / --disable-collector NAME"}
 
 

@@ -4,6 +4,7 @@
     /healthz   the process is alive (never depends on collection)
     /readyz    every collector has run once
     /          a landing page
+    /sd        on the Ray head: Prometheus HTTP service discovery of every node's exporter
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ class Exporter:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/", self._index)
+        for collector in self.collectors:  # routes a collector serves itself, e.g. the Ray head's /sd
+            routes = getattr(collector, "routes", None)
+            if routes is not None:
+                app.router.add_routes(routes())
         return app
 
     async def start(self) -> None:
@@ -87,6 +92,9 @@ class Exporter:
         self._start_otlp(scheduler)
         await self.publisher.render_now()
         self._publisher_task = asyncio.create_task(self.publisher.run(), name="publisher")
+        for collector in self.collectors:  # listeners a collector owns, e.g. the training progress endpoint
+            if hasattr(collector, "start_serving"):
+                await collector.start_serving()
         self.scheduler.start()
         host, port = parse_listen(self.config.listen)
         self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
@@ -104,7 +112,8 @@ class Exporter:
         from exporter.otlp import OtlpPusher  # opentelemetry is only loaded when OTLP is on
 
         publisher = self.publisher
-        self._otlp = OtlpPusher(self.config.otlp, url, cluster=None, snapshots=lambda: publisher.latest_snapshots)
+        self._otlp = OtlpPusher(self.config.otlp, url, cluster=self.config.cluster,
+                                snapshots=lambda: publisher.latest_snapshots)
         scheduler.self_reporters.append(self._otlp.report)
         log.info("pushing metrics over OTLP/HTTP to %s every %gs", url, self.config.otlp.interval_seconds)
 
@@ -120,6 +129,9 @@ class Exporter:
             await asyncio.gather(self._publisher_task, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.stop()
+        for collector in self.collectors:
+            if hasattr(collector, "stop_serving"):
+                await collector.stop_serving()
         if self._otlp is not None:
             await asyncio.to_thread(self._otlp.shutdown)
 

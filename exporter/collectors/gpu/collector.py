@@ -1,0 +1,252 @@
+"""The `gpu` collector: every NVIDIA GPU of the node through NVML, one run every interval.
+
+A run initializes NVML if it is not (with backoff while that fails), enumerates GPUs by UUID when
+needed (first run, a count change, a lost GPU, every static refresh), then reads each GPU: its
+static samples are replayed, one nvmlDeviceGetFieldValues call serves every field-backed value,
+and each area (reader.Area) reads the rest. A GPU that answers GPU_IS_LOST gets
+raypulse_gpu_up 0 and the others carry on; it is looked for again by UUID on every run.
+
+NVML runs only in the scheduler's worker thread (and the XID watcher's own thread), never on the
+event loop. A hung NVML call is the framework's business: the run is abandoned at its deadline,
+the collector is marked stuck, and no new run starts until the call returns.
+
+The NVML module is a parameter: `pynvml` itself, or `exporter.gpusim`'s simulated GPUs when
+`gpu.simulate` asks for them (`exporter serve --simulate-gpus N`); this code is the same for both.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from pynvml import NVMLError
+
+from exporter.collector import BlockingCollector, register
+from exporter.collectors.gpu import (
+    clocks,
+    ecc,
+    gpm,
+    health,
+    inventory,
+    memory,
+    mig,
+    nvlink,
+    pcie,
+    power,
+    processes,
+    thermal,
+    utilization,
+)
+from exporter.collectors.gpu.device import GpuDevice
+from exporter.collectors.gpu.events import WatchedGpu, WatcherState, XidWatcher
+from exporter.collectors.gpu.families import COLLECTOR
+from exporter.collectors.gpu.processes import GpuProcessUsage
+from exporter.collectors.gpu.reader import (
+    DOWN,
+    LOST,
+    DeviceReader,
+    GpuLost,
+    NvmlDown,
+    NvmlErrors,
+    Recorder,
+    read_fields,
+)
+from exporter.collectors.gpu.session import NvmlSession
+from exporter.config import ExporterConfig
+from exporter.snapshot import SampleSink
+
+# Static reads go in this order: gpm and processes use what nvlink's static read found.
+AREAS = (inventory.AREA, utilization.AREA, memory.AREA, clocks.AREA, thermal.AREA, power.AREA, pcie.AREA,
+         nvlink.AREA, gpm.AREA, ecc.AREA, mig.AREA, processes.AREA)
+
+ProcessTable = Mapping[int, tuple[GpuProcessUsage, ...]]
+
+
+def nvml_module(config: ExporterConfig) -> Any:
+    """The NVML the configuration asks for: the real pynvml, or simulated GPUs."""
+    settings = config.gpu
+    if settings.simulate:
+        from exporter.gpusim.nvml import SimulatedNvml
+
+        # One seed per exporter, so that exporters of several simulated nodes on one host get
+        # different GPU UUIDs, and a restarted exporter the same ones.
+        seed = f"{config.node.name or socket.gethostname()}:{config.listen}"
+        return SimulatedNvml(settings.simulate, settings.simulate_model, settings.control_file, seed=seed)
+    import pynvml
+
+    return pynvml
+
+
+@register
+class GpuCollector(BlockingCollector):
+    name = COLLECTOR
+    description = ("NVIDIA GPUs through NVML: identity, utilization, GPM activity, memory, clocks and clock "
+                   "events, temperatures, power and energy, PCIe, NVLink, ECC and row remapping, MIG, "
+                   "per-process use (simulated GPUs with --simulate-gpus N).")
+    default_interval = 5.0
+
+    def __init__(self, config: ExporterConfig, nvml: Any = None, clock: Callable[[], float] = time.monotonic,
+                 event_wait_ms: int = 1000) -> None:
+        super().__init__(config)
+        self.settings = config.gpu
+        self.nvml = nvml if nvml is not None else nvml_module(config)
+        self.simulated = bool(getattr(self.nvml, "SIMULATED", False))
+        self._clock = clock
+        self._session = NvmlSession(self.nvml, self.settings.init_retry_max_seconds, clock)
+        self._errors = NvmlErrors()
+        self._devices: dict[str, GpuDevice] = {}
+        self._count: int | None = None
+        self._static_due = -float("inf")
+        self._watcher = XidWatcher(self.nvml, wait_ms=event_wait_ms)
+        self._process_usage: ProcessTable = MappingProxyType({})
+
+    # -- what other collectors read ---------------------------------------------------------------
+
+    def process_usage(self) -> ProcessTable:
+        """pid -> that process's use of each GPU it runs on, as of the last successful run.
+
+        Empty before the first run and while NVML is down. The mapping, its tuples and the
+        GpuProcessUsage entries are immutable, and the whole table is replaced at once at the end
+        of a run, so any thread may read it at any time without a lock."""
+        return self._process_usage
+
+    def event_state(self) -> WatcherState:
+        """What the XID watcher has counted (read by the gpu_events collector)."""
+        return self._watcher.state()
+
+    # -- a run ------------------------------------------------------------------------------------
+
+    def collect(self, out: SampleSink) -> None:
+        if not self._session.ensure():
+            self._process_usage = MappingProxyType({})
+        else:
+            try:
+                self._collect(out)
+            except NvmlDown as exc:
+                self._nvml_down(str(exc))
+                raise
+        health.emit(out, self._session, self._errors, self._devices.values(), self.simulated)
+
+    def _collect(self, out: SampleSink) -> None:
+        now = self._clock()
+        count = self._device_count()
+        out.add(inventory.DEVICES, count)
+        static_due = now >= self._static_due
+        if static_due:
+            self._static_due = now + self.settings.static_refresh_seconds
+            for device in self._devices.values():
+                device.unsupported.clear()  # support can change (MIG mode, a driver update): ask again
+                device.static_read_at = None
+        if static_due or count != self._count or any(d.lost for d in self._devices.values()):
+            self._enumerate(count)
+            self._count = count
+        # Every run, not only after enumerations: restarts a watcher whose thread has ended.
+        self._watcher.watch([WatchedGpu(d.index, d.uuid, d.handle) for d in self._devices.values() if not d.lost])
+        table: dict[int, list[GpuProcessUsage]] = {}
+        for device in sorted(self._devices.values(), key=lambda d: (d.lost, d.index)):
+            if not device.lost:
+                for usage in self._collect_device(device, now, out):
+                    table.setdefault(usage.pid, []).append(usage)
+            self._emit_identity(device, out)  # after the first read of a new GPU, which learns it
+            out.add(inventory.UP, not device.lost, **device.labels)
+        self._process_usage = MappingProxyType({pid: tuple(uses) for pid, uses in table.items()})
+
+    def _device_count(self) -> int:
+        try:
+            return self.nvml.nvmlDeviceGetCount()
+        except NVMLError as exc:
+            if exc.value in DOWN:
+                raise NvmlDown("nvmlDeviceGetCount", exc.value) from None
+            self._errors.count("nvmlDeviceGetCount", exc.value)
+            raise
+
+    def _enumerate(self, count: int) -> None:
+        """Match the GPUs NVML lists now to the ones known, by UUID; the missing ones are lost."""
+        seen = set()
+        for index in range(count):
+            try:
+                handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = self.nvml.nvmlDeviceGetUUID(handle)
+            except NVMLError as exc:
+                if exc.value in DOWN:
+                    raise NvmlDown("nvmlDeviceGetHandleByIndex", exc.value) from None
+                if exc.value not in LOST:
+                    self._errors.count("nvmlDeviceGetHandleByIndex", exc.value)
+                continue
+            device = self._devices.get(uuid)
+            if device is None:
+                device = self._devices[uuid] = GpuDevice(uuid, index, handle)
+            else:
+                device.mark_found(index, handle)
+            seen.add(uuid)
+        for uuid, device in self._devices.items():
+            if uuid not in seen:
+                self._lose(device)
+
+    def _collect_device(self, device: GpuDevice, now: float, out: SampleSink) -> list[GpuProcessUsage]:
+        """Read one GPU. One that is lost half-way keeps the readings it gave before (they were
+        real) and gets up 0; its next runs give nothing but its identity until it is back."""
+        started = time.perf_counter()
+        try:
+            if device.static_read_at is None:
+                self._read_static(device, now)
+            requests = [request for area in AREAS for request in area.fields(device)]
+            reader = DeviceReader(self.nvml, device, self._errors, out,
+                                  read_fields(self.nvml, device, requests, self._errors))
+            for sample in device.static:
+                out.add(sample.spec, sample.value, **sample.labels)
+            for area in AREAS:
+                area.read(reader)
+        except GpuLost:
+            self._lose(device)
+            out.partial_error()
+            return []
+        if reader.failed:
+            out.partial_error()
+        device.collection_seconds = time.perf_counter() - started
+        out.add(inventory.COLLECTION_DURATION, device.collection_seconds, **device.labels)
+        return reader.processes
+
+    def _read_static(self, device: GpuDevice, now: float) -> None:
+        samples = Recorder()
+        reader = DeviceReader(self.nvml, device, self._errors, samples)
+        for area in AREAS:
+            if area.static is not None:
+                area.static(reader)
+        device.static = samples.samples
+        device.static_read_at = now
+
+    def _emit_identity(self, device: GpuDevice, out: SampleSink) -> None:
+        versions = self._session.versions
+        out.add_info(inventory.INFO, **device.labels, **(device.identity or _NO_IDENTITY),
+                     driver_version=versions.get("driver_version", ""),
+                     cuda_driver_version=versions.get("cuda_driver_version", ""),
+                     simulated=str(self.simulated).lower())
+        out.add(inventory.LOST_EVENTS, device.lost_events, **device.labels)
+
+    def _lose(self, device: GpuDevice) -> None:
+        device.mark_lost()
+        gpm.release(self.nvml, device)
+        device.process_names.clear()
+
+    def _nvml_down(self, reason: str) -> None:
+        stopped = self._watcher.stop()
+        self._session.down(reason, shutdown=stopped)
+        self._process_usage = MappingProxyType({})
+        for device in self._devices.values():
+            device.counters.resync()  # a driver reload restarts every counter
+            device.gpm_samples.clear()  # samples of the old NVML session are gone with it
+        self._static_due = -float("inf")
+
+    def close(self) -> None:
+        # Called on the event loop at shutdown: wait briefly for the watcher's bounded wait, and
+        # leave NVML initialized (process exit cleans up) rather than shut it down under the watcher.
+        if self._watcher.stop(timeout=0.2):
+            self._session.close()
+
+
+_NO_IDENTITY = dict.fromkeys(("name", "pci_bus_id", "serial", "vbios_version", "compute_capability", "architecture",
+                              "brand"), "")

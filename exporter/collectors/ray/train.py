@@ -1,0 +1,125 @@
+"""What training code reports through `exporter.progress`, as `raypulse_train_*` by job and rank.
+
+The collector owns the progress endpoint (exporter/progress_server.py) and its store; each run
+turns the store into series. A report names its job by Ray job id, submission id or both
+(whatever the reporting process knows); the other is looked up in the Jobs API so every series
+carries both, and reports of one rank under either name become one series set.
+"""
+
+from __future__ import annotations
+
+from exporter.catalog import counter, gauge
+from exporter.collector import AsyncCollector, register
+from exporter.collectors.ray.dashboard import DashboardError, connect
+from exporter.collectors.ray.jobdir import JobDirectory
+from exporter.collectors.ray.localray import LocalRay
+from exporter.config import ExporterConfig
+from exporter.progress_server import ProgressEndpoint
+from exporter.progress_store import FLOAT_FIELDS, REJECT_REASONS, ProgressStore, RankState
+from exporter.snapshot import SampleSink
+
+NAME = "train"
+_REPORTED = "while a rank of a job reports progress"
+LABELS = ("job_id", "submission_id", "rank")
+
+
+def _gauge(name: str, help: str, unit: str = "", only_when: str = _REPORTED, labels: tuple[str, ...] = LABELS):
+    return gauge(f"raypulse_train_{name}", help, collector=NAME, labels=labels, unit=unit, only_when=only_when)
+
+
+def _counter(name: str, help: str, only_when: str = _REPORTED, labels: tuple[str, ...] = LABELS):
+    return counter(f"raypulse_train_{name}", help, collector=NAME, labels=labels, only_when=only_when)
+
+
+STEP = _gauge("step", "Last training step the rank reported.")
+SAMPLES = _counter("samples_total", "Samples the rank has processed (the sum of what it reported).",
+                   only_when="while a rank reports samples")
+TOKENS = _counter("tokens_total", "Tokens the rank has processed (the sum of what it reported).",
+                  only_when="while a rank reports tokens")
+LOSS = _gauge("loss", "Last finite loss the rank reported.", only_when="once a rank reported a finite loss")
+GRAD_NORM = _gauge("grad_norm", "Last finite gradient norm the rank reported.",
+                   only_when="once a rank reported a finite gradient norm")
+LEARNING_RATE = _gauge("learning_rate", "Last learning rate the rank reported.",
+                       only_when="once a rank reported a learning rate")
+NONFINITE = _counter("nonfinite_values_total", "Reported values that were NaN or infinite, by field (loss, "
+                     "grad_norm, learning_rate); the gauges keep the last finite value.",
+                     labels=(*LABELS, "field"))
+LAST_PROGRESS = _gauge("last_progress_time_seconds", "Unix time of the rank's last progress report; a job whose "
+                       "ranks stop advancing it may be hung.", "seconds", only_when="once a rank reported progress")
+LAST_CHECKPOINT = _gauge("last_checkpoint_time_seconds", "Unix time the rank last reported a saved checkpoint.",
+                         "seconds", only_when="once a rank reported a checkpoint")
+CHECKPOINT_STEP = _gauge("checkpoint_step", "Step of the rank's last saved checkpoint.",
+                         only_when="once a rank reported a checkpoint with its step")
+CHECKPOINTS = _counter("checkpoints_total", "Checkpoints the rank reported saved.")
+REPORTS = _counter("reports_total", "Reports received from the rank.")
+CLIENT_DROPPED = _counter("client_dropped_reports_total", "Reports the rank's client dropped (its queue was full "
+                          "or the exporter unreachable), as it last said.")
+RANKS = _gauge("ranks", "Ranks of the job that report progress to this exporter.",
+               labels=("job_id", "submission_id"))
+ENDPOINT_UP = gauge("raypulse_train_endpoint_up", "1 if the progress endpoint is listening.", collector=NAME)
+JOBS = gauge("raypulse_train_jobs", "Jobs whose progress this exporter tracks (bounded by progress.max_jobs).",
+             collector=NAME)
+REJECTED = counter("raypulse_train_rejected_reports_total", "Progress requests refused, by reason: invalid (400), "
+                   "too_large (413), unsupported_media_type (415), too_many_jobs and too_many_ranks (429).",
+                   collector=NAME, labels=("reason",))
+
+
+@register
+class TrainCollector(AsyncCollector):
+    name = NAME
+    description = ("Training progress reported by the job itself through exporter.progress: step, samples, "
+                   "tokens, loss, grad norm, learning rate, checkpoints, by job and rank (the progress endpoint).")
+
+    def __init__(self, config: ExporterConfig) -> None:
+        super().__init__(config)
+        self.store = ProgressStore(config.progress)
+        self.endpoint = ProgressEndpoint(config.progress, self.store)
+        self.local = LocalRay(config)
+        self.directory = JobDirectory()
+
+    async def start_serving(self) -> None:
+        await self.endpoint.start()
+
+    async def stop_serving(self) -> None:
+        await self.endpoint.stop()
+
+    async def collect(self, out: SampleSink) -> None:
+        self.store.expire()
+        out.add(ENDPOINT_UP, self.endpoint.listening)
+        out.add(JOBS, len(self.store.jobs))
+        for reason in REJECT_REASONS:
+            out.add(REJECTED, self.store.rejected[reason], reason=reason)
+        if self.directory.due(self.store.jobs):
+            try:
+                async with connect(self.local) as api:
+                    await self.directory.refresh(api)
+            except DashboardError:
+                pass  # labels stay as reported until Ray answers
+        merged: dict[tuple[str, str], dict[int, RankState]] = {}
+        for (job_id, submission_id), ranks in self.store.jobs.items():
+            target = merged.setdefault(self.directory.resolve(job_id, submission_id), {})
+            for rank, state in ranks.items():
+                if rank not in target or state.touched > target[rank].touched:
+                    target[rank] = state  # the same rank reported under both names: the newest wins
+        for (job_id, submission_id), ranks in merged.items():
+            out.add(RANKS, len(ranks), job_id=job_id, submission_id=submission_id)
+            for rank, state in ranks.items():
+                emit_rank(out, state, job_id=job_id, submission_id=submission_id, rank=rank)
+
+
+def emit_rank(out: SampleSink, state: RankState, **labels: object) -> None:
+    out.add(STEP, state.step, **labels)
+    out.add(SAMPLES, state.samples_total, **labels)
+    out.add(TOKENS, state.tokens_total, **labels)
+    out.add(LOSS, state.values.get("loss"), **labels)
+    out.add(GRAD_NORM, state.values.get("grad_norm"), **labels)
+    out.add(LEARNING_RATE, state.values.get("learning_rate"), **labels)
+    for field in FLOAT_FIELDS:
+        out.add(NONFINITE, state.nonfinite[field], **labels, field=field)
+    out.add(LAST_PROGRESS, state.last_progress_time, **labels)
+    out.add(LAST_CHECKPOINT, state.last_checkpoint_time, **labels)
+    out.add(CHECKPOINT_STEP, state.checkpoint_step, **labels)
+    out.add(CHECKPOINTS, state.checkpoints, **labels)
+    out.add(REPORTS, state.reports, **labels)
+    out.add(CLIENT_DROPPED, state.client_dropped, **labels)
+

@@ -1,0 +1,361 @@
+"""Report training progress to this node's raypulse exporter, from any training loop.
+
+    from exporter import progress
+
+    for step, batch in enumerate(loader):
+        loss = train_step(batch)
+        progress.report(step, loss=loss, samples=len(batch), learning_rate=scheduler.get_last_lr()[0])
+        if step % 1000 == 0:
+            save_checkpoint(...)
+            progress.checkpoint_saved(step)
+
+In a Ray Train training function, `progress.ray_train_report(metrics, checkpoint=...)` replaces
+`ray.train.report(...)` and reports the step, loss and checkpoint as well.
+
+Guarantees: the standard library only; never raises into the caller; never blocks it (a bounded
+queue and a background sender thread; when the queue is full the report is dropped and counted);
+harmless when no exporter runs (reports are dropped and counted). The exporter is found at
+RAYPULSE_PROGRESS_URL (http://HOST:PORT or unix:/path/to.sock; the launcher sets it per node),
+else http://127.0.0.1:9478. The job is named from what Ray puts in the process: the Ray job id
+from `ray.get_runtime_context()` once `ray` is initialized (or RAY_JOB_ID), the submission id
+from the job config Ray gives a submitted job's driver. The exporter fills in the other one.
+`samples` and `tokens` are per call; the client sends running totals, so a dropped report loses
+nothing but its own point in time. See docs/progress.md for the wire format.
+"""
+
+from __future__ import annotations
+
+import atexit
+import http.client
+import json
+import logging
+import math
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["checkpoint_saved", "flush", "ray_train_report", "report", "stats"]
+
+ENV_URL = "RAYPULSE_PROGRESS_URL"
+DEFAULT_URL = "http://127.0.0.1:9478"
+PATH = "/v1/progress"
+QUEUE_SIZE = 1000
+BATCH_SIZE = 100  # reports per request (the endpoint takes up to 256)
+TIMEOUT_SECONDS = 2.0
+MAX_BACKOFF_SECONDS = 30.0
+EXIT_FLUSH_SECONDS = 1.0
+_NIL_JOB_ID = "ffffffff"  # what Ray puts in RAY_JOB_ID of a worker it started before knowing its job
+
+log = logging.getLogger("raypulse.progress")
+
+
+def _number(value: Any) -> float | None:
+    """A float from an int, float, numpy or 0-d tensor; None if it is not a number."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _json_number(value: float | None) -> float | str | None:
+    if value is None or math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _connection(url: str) -> tuple[http.client.HTTPConnection, str]:
+    if url.startswith("unix:"):
+        return _UnixConnection(url.removeprefix("unix:"), TIMEOUT_SECONDS), PATH
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"{ENV_URL} must be http://HOST:PORT or unix:/path, not {url!r}")
+    path = parts.path.rstrip("/") + PATH if parts.path not in ("", "/") else PATH
+    return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=TIMEOUT_SECONDS), path
+
+
+class _Identity:
+    """Who is reporting: Ray job id, submission id, rank; looked up until found, then kept."""
+
+    def __init__(self) -> None:
+        self.job_id: str | None = None
+        self.submission_id = self._submission_from_job_config()
+        self.rank: int | None = None
+
+    @staticmethod
+    def _submission_from_job_config() -> str | None:
+        # Ray's JobSupervisor starts a submitted job's driver with its job config, metadata included.
+        try:
+            config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+            return str(config["metadata"]["job_submission_id"]) or None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def current(self) -> tuple[str | None, str | None]:
+        if self.job_id is None:
+            self.job_id = self._ray_job_id()
+        return self.job_id, self.submission_id
+
+    @staticmethod
+    def _ray_job_id() -> str | None:
+        ray = sys.modules.get("ray")  # never imported here: only asked if the training code uses it
+        try:
+            if ray is not None and ray.is_initialized():
+                return ray.get_runtime_context().get_job_id() or None
+        except Exception:  # noqa: BLE001  (any Ray version, any state)
+            pass
+        env = os.environ.get("RAY_JOB_ID", "")
+        return env if env and env != _NIL_JOB_ID and ray is None else None
+
+    def default_rank(self) -> int:
+        if self.rank is None:
+            self.rank = self._ray_train_rank()
+        if self.rank is None:
+            env = os.environ.get("RANK", "")
+            return int(env) if env.isdigit() else 0
+        return self.rank
+
+    @staticmethod
+    def _ray_train_rank() -> int | None:
+        train = sys.modules.get("ray.train")
+        try:
+            if train is not None:
+                return int(train.get_context().get_world_rank())
+        except Exception:  # noqa: BLE001  (not inside a Ray Train worker)
+            pass
+        return None
+
+
+class _Client:
+    """One per process (re-made after a fork): the queue, the totals, and the sender thread."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pid = os.getpid()
+        self.queue: queue.Queue[dict[str, Any]] = queue.Queue(QUEUE_SIZE)
+        self.identity = _Identity()
+        self.totals: dict[tuple[int, str], int] = {}  # (rank, "samples"/"tokens") -> running total
+        self.sent = self.dropped = self.rejected = 0
+        self.last_ok = False
+        self._lock = threading.Lock()  # counters and totals; held for microseconds
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def enqueue(self, entry: dict[str, Any]) -> None:
+        if self._thread is None:
+            self._start()
+        try:
+            self.queue.put_nowait(entry)
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
+
+    def running_total(self, rank: int, name: str, increment: Any) -> int | None:
+        amount = _number(increment)
+        if amount is None or amount < 0:
+            return None
+        with self._lock:
+            total = self.totals.get((rank, name), 0) + int(amount)
+            self.totals[(rank, name)] = total
+            return total
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="raypulse-progress", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        connection: http.client.HTTPConnection | None = None
+        path = PATH
+        backoff = 0.0
+        while True:
+            batch = [self.queue.get()]
+            while len(batch) < BATCH_SIZE:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            with self._lock:
+                dropped = self.dropped
+            for entry in batch:
+                entry["dropped_total"] = dropped
+            try:
+                if connection is None:
+                    connection, path = _connection(self.url)
+                status = self._post(connection, path, batch)
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                if connection is not None:
+                    connection.close()
+                connection = None
+                self._done(batch, ok=False, rejected=False)
+                if not backoff:
+                    log.debug("raypulse progress: cannot reach the exporter at %s: %s", self.url, exc)
+                backoff = min(MAX_BACKOFF_SECONDS, max(0.5, backoff * 2))
+                self._wake.wait(backoff)  # reports keep queueing (and dropping when full) meanwhile
+                continue
+            backoff = 0.0
+            self._done(batch, ok=200 <= status < 300, rejected=status >= 400)
+
+    @staticmethod
+    def _post(connection: http.client.HTTPConnection, path: str, batch: list[dict[str, Any]]) -> int:
+        body = json.dumps({"reports": batch}, allow_nan=False).encode()
+        connection.request("POST", path, body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        detail = response.read(2048)
+        if response.status >= 400:
+            log.warning("raypulse progress: the exporter refused %d report(s): %s %s", len(batch), response.status,
+                        detail.decode(errors="replace")[:500])
+        return response.status
+
+    def _done(self, batch: list[dict[str, Any]], ok: bool, rejected: bool) -> None:
+        with self._lock:
+            if ok:
+                self.sent += len(batch)
+            else:
+                self.dropped += len(batch)
+                self.rejected += len(batch) if rejected else 0
+            self.last_ok = ok
+        for _ in batch:
+            self.queue.task_done()
+
+    def flush(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self.queue.unfinished_tasks
+
+
+_client: _Client | None = None
+_client_lock = threading.Lock()
+
+
+def _get_client() -> _Client:
+    global _client
+    client = _client
+    if client is None or client.pid != os.getpid():  # first use, or a forked child: its own thread
+        with _client_lock:
+            if _client is None or _client.pid != os.getpid():
+                _client = _Client(os.environ.get(ENV_URL) or DEFAULT_URL)
+            client = _client
+    return client
+
+
+def _submit(kind: str, rank: int | None, fields: Mapping[str, Any]) -> None:
+    client = _get_client()
+    job_id, submission_id = client.identity.current()
+    if rank is None:
+        rank = client.identity.default_rank()
+    entry = {"kind": kind, "job_id": job_id, "submission_id": submission_id, "rank": int(rank),
+             "time": time.time(), **fields}
+    client.enqueue(entry)
+
+
+def report(step: int, *, loss: float | None = None, samples: int | None = None, tokens: int | None = None,
+           grad_norm: float | None = None, learning_rate: float | None = None, rank: int | None = None) -> None:
+    """Record one training step. `samples`/`tokens`: processed since the previous call (this rank).
+    `rank` defaults to the Ray Train world rank, else $RANK, else 0. Never raises, never blocks."""
+    try:
+        client = _get_client()
+        rank = client.identity.default_rank() if rank is None else int(rank)
+        step_value = _number(step)
+        fields = {"step": int(step_value) if step_value is not None and step_value >= 0 else None,
+                  "loss": _json_number(_number(loss)), "grad_norm": _json_number(_number(grad_norm)),
+                  "learning_rate": _json_number(_number(learning_rate)),
+                  "samples_total": client.running_total(rank, "samples", samples) if samples is not None else None,
+                  "tokens_total": client.running_total(rank, "tokens", tokens) if tokens is not None else None}
+        _submit("progress", rank, fields)
+    except Exception:  # noqa: BLE001  (a metrics helper must never break training)
+        _count_internal_drop()
+
+
+def checkpoint_saved(step: int | None = None, *, rank: int | None = None) -> None:
+    """Record that a checkpoint was just saved (at `step`). Never raises, never blocks."""
+    try:
+        step_value = _number(step)
+        _submit("checkpoint", rank, {"step": int(step_value) if step_value is not None and step_value >= 0
+                                     else None})
+    except Exception:  # noqa: BLE001
+        _count_internal_drop()
+
+
+_LOSS_KEYS = ("loss", "train_loss")
+_LR_KEYS = ("learning_rate", "lr")
+_steps_reported = 0
+
+
+def ray_train_report(metrics: Mapping[str, Any], checkpoint: Any = None, **kwargs: Any) -> None:
+    """`ray.train.report(metrics, checkpoint=checkpoint, **kwargs)`, plus a progress report of the step
+    (metrics["step"], else a count of calls), loss, grad_norm, learning rate, samples and tokens found in
+    `metrics`, and `checkpoint_saved` when a checkpoint is given. Ray Train's own errors propagate."""
+    global _steps_reported
+    import ray.train  # only called inside a Ray Train training function, where Ray is installed
+
+    ray.train.report(metrics, checkpoint=checkpoint, **kwargs)
+    try:
+        _steps_reported += 1
+        step = metrics.get("step", _steps_reported)
+        report(step, loss=next((metrics[k] for k in _LOSS_KEYS if k in metrics), None),
+               grad_norm=metrics.get("grad_norm"), samples=metrics.get("samples"), tokens=metrics.get("tokens"),
+               learning_rate=next((metrics[k] for k in _LR_KEYS if k in metrics), None))
+        if checkpoint is not None:
+            checkpoint_saved(step)
+    except Exception:  # noqa: BLE001
+        _count_internal_drop()
+
+
+def _count_internal_drop() -> None:
+    try:
+        client = _get_client()
+        with client._lock:
+            client.dropped += 1
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def flush(timeout: float = 2.0) -> bool:
+    """Wait up to `timeout` seconds for queued reports to be sent (or dropped); True if none is left."""
+    try:
+        return _get_client().flush(timeout)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def stats() -> dict[str, int]:
+    """What this process's client did so far: sent, dropped (queue full, unreachable, refused), rejected."""
+    client = _get_client()
+    with client._lock:
+        return {"sent": client.sent, "dropped": client.dropped, "rejected": client.rejected,
+                "queued": client.queue.qsize()}
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    # The last steps and checkpoint of a finished run are the ones people look at; wait briefly,
+    # and only if an exporter has been answering (never stall the exit of a run without one).
+    client = _client
+    if client is not None and client.pid == os.getpid() and client.last_ok:
+        client.flush(EXIT_FLUSH_SECONDS)

@@ -1,0 +1,123 @@
+"""The progress endpoint training code reports to: `POST /v1/progress` with a JSON batch
+(the format is in progress_store.py), on its own listener, loopback or a Unix socket by default.
+
+    204  applied
+    400  not valid; the body names the first bad field: {"error": "reports[2].loss: ..."}
+    413  larger than progress.max_body_bytes
+    415  not application/json
+    429  would exceed progress.max_jobs or progress.max_ranks_per_job
+
+It is a separate aiohttp site so that it never shares the /metrics port (or its auth) and so that
+exposing /metrics on the network does not expose a write endpoint with it. If its address is
+taken the exporter still serves metrics; `raypulse_train_endpoint_up` says 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from aiohttp import web
+
+from exporter.config import LISTEN_OFF, ProgressSettings, parse_listen
+from exporter.progress_store import ProgressStore, Rejected, parse_batch
+
+log = logging.getLogger(__name__)
+PATH = "/v1/progress"
+
+
+def _error(rejected: Rejected) -> web.Response:
+    return web.json_response({"error": str(rejected)}, status=rejected.status)
+
+
+async def _read_bounded(request: web.Request, limit: int) -> bytes | None:
+    """The body, or None once it passes `limit` bytes (a chunked body is cut, never buffered whole)."""
+    chunks, size = [], 0
+    while chunk := await request.content.read(65536):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def progress_app(store: ProgressStore) -> web.Application:
+    limit = store.settings.max_body_bytes
+
+    async def post(request: web.Request) -> web.Response:
+        try:
+            if request.content_type != "application/json":
+                raise store.reject(Rejected(415, "unsupported_media_type",
+                                            f"Content-Type must be application/json, not {request.content_type}"))
+            if request.content_length is not None and request.content_length > limit:
+                raise store.reject(Rejected(413, "too_large", f"body of {request.content_length} bytes is over "
+                                            f"progress.max_body_bytes ({limit})"))
+            body = await _read_bounded(request, limit)
+            if body is None:
+                raise store.reject(Rejected(413, "too_large", f"body is over progress.max_body_bytes ({limit})"))
+            try:
+                data = json.loads(body)
+            except (ValueError, RecursionError):
+                raise store.reject(Rejected(400, "invalid", "body: not valid JSON")) from None
+            try:
+                reports = parse_batch(data)
+            except Rejected as rejected:
+                raise store.reject(rejected) from None
+            store.apply(reports)
+        except Rejected as rejected:
+            return _error(rejected)
+        return web.Response(status=204)
+
+    # client_max_size also bounds anything aiohttp itself would buffer.
+    app = web.Application(client_max_size=limit)
+    app.router.add_post(PATH, post)
+    return app
+
+
+class ProgressEndpoint:
+    """Owns the listener; `start()` reports whether it is listening."""
+
+    def __init__(self, settings: ProgressSettings, store: ProgressStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.listening = False
+        self.address: str | None = None  # where it listens, e.g. 127.0.0.1:9478 or unix:/run/x.sock
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> bool:
+        listen = self.settings.listen
+        if listen == LISTEN_OFF:
+            return False
+        runner = web.AppRunner(progress_app(self.store), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            if listen.startswith("unix:"):
+                path = Path(listen.removeprefix("unix:"))
+                if path.is_socket():
+                    path.unlink()  # left over from an exporter that did not shut down
+                site: web.BaseSite = web.UnixSite(runner, str(path))
+                await site.start()
+                os.chmod(path, 0o660)  # the training processes run as this user or its group
+                self.address = listen
+            else:
+                host, port = parse_listen(listen)
+                site = web.TCPSite(runner, host, port, reuse_address=True)
+                await site.start()
+                self.address = f"{host}:{runner.addresses[0][1]}"
+        except OSError as exc:
+            log.error("progress endpoint cannot listen on %s: %s; metrics are still served, training progress "
+                      "is not (set --progress-listen)", listen, exc.strerror or exc)
+            await runner.cleanup()
+            return False
+        self._runner = runner
+        self.listening = True
+        log.info("progress endpoint listening on %s%s", self.address, PATH)
+        return True
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self.listening = False

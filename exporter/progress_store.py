@@ -1,0 +1,210 @@
+"""Training progress reported by `exporter.progress`: the wire format, its validation, and the
+bounded state the `train` collector exports.
+
+A request is `{"reports": [report, ...]}`; a report is
+
+    {"kind": "progress" | "checkpoint", "job_id": "02000000" | null, "submission_id": "..." | null,
+     "rank": 0, "time": 1767225600.5, "step": 1200, "loss": 2.31 | "NaN" | "Infinity" | null,
+     "grad_norm": ..., "learning_rate": ..., "samples_total": 76800, "tokens_total": null,
+     "dropped_total": 0}
+
+Every field is checked (unknown fields are refused by name); a batch is applied whole or not at
+all. Bounds: the jobs tracked at once and the ranks per job (429 beyond them); ranks that stop
+reporting expire. A NaN or infinite loss (or grad norm, learning rate) is counted per rank and
+leaves the last finite value in place: it shows up as a count, never as a hidden gap.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from exporter.config import ProgressSettings
+
+FLOAT_FIELDS = ("loss", "grad_norm", "learning_rate")
+REJECT_REASONS = ("invalid", "too_large", "unsupported_media_type", "too_many_jobs", "too_many_ranks")
+MAX_REPORTS_PER_REQUEST = 256
+_MAX_COUNT = 2**53  # exactly representable in a float sample
+_CLOCK_SKEW_SECONDS = 600.0
+_NONFINITE = {"nan": math.nan, "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf,
+              "inf": math.inf, "-inf": -math.inf}
+
+
+def _metric_value(value: Any) -> Any:
+    """Numbers as they are; non-finite values also as the strings JSON needs for them."""
+    if isinstance(value, bool):
+        raise ValueError("a number is required, not a boolean")
+    if isinstance(value, str):
+        try:
+            return _NONFINITE[value.strip().lower()]
+        except KeyError:
+            raise ValueError('a number, or "NaN", "Infinity", "-Infinity"') from None
+    return value
+
+
+MetricValue = Annotated[float | None, BeforeValidator(_metric_value)]
+Count = Annotated[int, Field(ge=0, lt=_MAX_COUNT, strict=True)]
+
+
+class Report(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["progress", "checkpoint"]
+    job_id: str | None = Field(None, pattern=r"^[0-9a-f]{2,64}$", description="Ray job id (hex)")
+    submission_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
+    rank: int = Field(0, ge=0, le=1_000_000, strict=True)
+    time: float = Field(..., gt=0, allow_inf_nan=False, strict=True)
+    step: Count | None = None
+    loss: MetricValue = None
+    grad_norm: MetricValue = None
+    learning_rate: MetricValue = None
+    samples_total: Count | None = None
+    tokens_total: Count | None = None
+    dropped_total: Count = 0
+
+
+class Batch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reports: list[Report] = Field(..., min_length=1, max_length=MAX_REPORTS_PER_REQUEST)
+
+
+class Rejected(Exception):
+    """A request the endpoint refuses; `status` is the HTTP status, `reason` a bounded label value."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+def validation_message(exc: ValidationError) -> str:
+    """The first problem as `path.to.field: message`."""
+    error = exc.errors()[0]
+    where = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error["loc"]).replace(".[", "[")
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown field"
+    count = len(exc.errors())
+    return f"{where or 'body'}: {message}" + (f" (and {count - 1} more problems)" if count > 1 else "")
+
+
+def parse_batch(data: Any) -> list[Report]:
+    try:
+        batch = Batch.model_validate(data)
+    except ValidationError as exc:
+        raise Rejected(400, "invalid", validation_message(exc)) from None
+    now = time.time()
+    for index, report in enumerate(batch.reports):
+        if report.job_id is None and report.submission_id is None:
+            raise Rejected(400, "invalid", f"reports[{index}]: job_id or submission_id is required (who is "
+                           "training?)")
+        if abs(report.time - now) > _CLOCK_SKEW_SECONDS:
+            raise Rejected(400, "invalid", f"reports[{index}].time: {report.time} is more than "
+                           f"{_CLOCK_SKEW_SECONDS:g}s away from the exporter's clock ({now:.0f})")
+    return batch.reports
+
+
+@dataclass
+class RankState:
+    step: float | None = None
+    samples_total: float | None = None
+    tokens_total: float | None = None
+    values: dict[str, float] = field(default_factory=dict)  # last finite loss, grad_norm, learning_rate
+    nonfinite: Counter[str] = field(default_factory=Counter)
+    reports: int = 0
+    last_progress_time: float | None = None
+    last_checkpoint_time: float | None = None
+    checkpoint_step: float | None = None
+    checkpoints: int = 0
+    client_dropped: int = 0
+    touched: float = 0.0  # the exporter's monotonic clock, for expiry
+
+    def apply(self, report: Report) -> None:
+        self.reports += 1
+        self.client_dropped = max(self.client_dropped, report.dropped_total)
+        if report.kind == "checkpoint":
+            self.checkpoints += 1
+            self.last_checkpoint_time = max(self.last_checkpoint_time or 0.0, report.time)
+            if report.step is not None:
+                self.checkpoint_step = report.step
+            return
+        self.last_progress_time = max(self.last_progress_time or 0.0, report.time)
+        if report.step is not None:
+            self.step = report.step
+        # Totals only grow within one process; a smaller one means the trainer restarted (a counter reset).
+        if report.samples_total is not None:
+            self.samples_total = report.samples_total
+        if report.tokens_total is not None:
+            self.tokens_total = report.tokens_total
+        for name in FLOAT_FIELDS:
+            value = getattr(report, name)
+            if value is None:
+                continue
+            if math.isfinite(value):
+                self.values[name] = value
+            else:
+                self.nonfinite[name] += 1
+
+
+JobKey = tuple[str, str]  # (job_id, submission_id) as reported; either may be ""
+
+
+class ProgressStore:
+    """Progress per job and rank, bounded; used from the event loop only."""
+
+    def __init__(self, settings: ProgressSettings, clock=time.monotonic) -> None:
+        self.settings = settings
+        self._clock = clock
+        self.jobs: dict[JobKey, dict[int, RankState]] = {}
+        self.accepted = 0
+        self.rejected: Counter[str] = Counter()
+
+    def reject(self, rejected: Rejected) -> Rejected:
+        self.rejected[rejected.reason] += 1
+        return rejected
+
+    def apply(self, reports: list[Report]) -> None:
+        """Apply a validated batch, or raise Rejected (429) if it would exceed a bound."""
+        self.expire()
+        new_jobs: set[JobKey] = set()
+        new_ranks: Counter[JobKey] = Counter()
+        seen: set[tuple[JobKey, int]] = set()
+        for report in reports:
+            key = (report.job_id or "", report.submission_id or "")
+            ranks = self.jobs.get(key)
+            if ranks is None and key not in new_jobs:
+                new_jobs.add(key)
+            if (ranks is None or report.rank not in ranks) and (key, report.rank) not in seen:
+                seen.add((key, report.rank))
+                new_ranks[key] += 1
+        if len(self.jobs) + len(new_jobs) > self.settings.max_jobs:
+            raise self.reject(Rejected(429, "too_many_jobs", f"progress is tracked for at most "
+                                       f"{self.settings.max_jobs} jobs at once (progress.max_jobs); one frees up "
+                                       f"when a job has not reported for {self.settings.expire_after_seconds:g}s"))
+        for key, count in new_ranks.items():
+            if len(self.jobs.get(key, {})) + count > self.settings.max_ranks_per_job:
+                raise self.reject(Rejected(429, "too_many_ranks", f"job {key[1] or key[0]}: at most "
+                                           f"{self.settings.max_ranks_per_job} ranks per job "
+                                           "(progress.max_ranks_per_job)"))
+        now = self._clock()
+        for report in reports:
+            state = self.jobs.setdefault((report.job_id or "", report.submission_id or ""), {}).setdefault(
+                report.rank, RankState())
+            state.apply(report)
+            state.touched = now
+        self.accepted += len(reports)
+
+    def expire(self) -> None:
+        cutoff = self._clock() - self.settings.expire_after_seconds
+        for key in list(self.jobs):
+            ranks = self.jobs[key]
+            for rank in [r for r, state in ranks.items() if state.touched < cutoff]:
+                del ranks[rank]
+            if not ranks:
+                del self.jobs[key]

@@ -1,0 +1,195 @@
+"""`exporter.progress` in real training-like processes: it never raises, never blocks, drops and
+counts when nobody listens, and what it sends shows up in a real exporter's /metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import REPO, free_port, wait_until
+
+
+def run_client(code: str, env: dict[str, str], timeout: float = 60) -> dict:
+    """Run `code` in a fresh interpreter (the client is per process); it prints one JSON line last."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY", "RAYPULSE", "RANK"))}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                            timeout=timeout, cwd=REPO, env={**base, **env})
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def job_config(submission_id: str) -> str:
+    return json.dumps({"runtime_env": {}, "metadata": {"job_submission_id": submission_id}})
+
+
+def test_without_an_exporter_reports_are_dropped_counted_and_cheap():
+    stats = run_client("""
+        import json, time
+        from exporter import progress
+        started = time.perf_counter()
+        for step in range(5000):
+            progress.report(step, loss=0.5, samples=32)
+        elapsed = time.perf_counter() - started
+        progress.checkpoint_saved(5000)
+        progress.flush(5)
+        print(json.dumps({**progress.stats(), "elapsed": elapsed}))
+    """, {"RAYPULSE_PROGRESS_URL": f"http://127.0.0.1:{free_port()}",
+          "RAY_JOB_CONFIG_JSON_ENV_VAR": job_config("no-exporter")})
+    assert stats["sent"] == 0
+    assert stats["dropped"] + stats["queued"] == 5001  # every report accounted for; the queue holds at most 1000
+    assert stats["dropped"] >= 4000
+    assert stats["elapsed"] < 2.5  # 5000 calls; each only enqueues (no network, no waiting)
+
+
+def test_a_stalled_exporter_never_blocks_the_training_loop():
+    with socket.socket() as server:  # accepts connections (the kernel does) but never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(100)
+        stats = run_client("""
+            import json, time
+            from exporter import progress
+            worst = 0.0
+            for step in range(3000):
+                started = time.perf_counter()
+                progress.report(step, loss=1.0, rank=2)
+                worst = max(worst, time.perf_counter() - started)
+            print(json.dumps({**progress.stats(), "worst": worst}))
+        """, {"RAYPULSE_PROGRESS_URL": f"http://127.0.0.1:{server.getsockname()[1]}", "RAY_JOB_ID": "05000000"})
+    assert stats["worst"] < 0.5  # no call waited on the network (the sender has a 2 s timeout)
+    assert stats["sent"] == 0
+    assert stats["queued"] + stats["dropped"] >= 3000 - 100  # at most one batch in flight
+    assert stats["dropped"] >= 3000 - 1000 - 100  # the bounded queue holds 1000
+
+
+def test_nonsense_arguments_never_raise():
+    stats = run_client("""
+        import json
+        from exporter import progress
+        progress.report("seven", loss=object(), samples=-3, tokens="many", grad_norm=[1], learning_rate=None)
+        progress.report(None, rank="a")
+        progress.checkpoint_saved(step=object(), rank=None)
+        progress.report(3, loss=float("inf"), samples=2**70)
+        progress.flush(3)
+        print(json.dumps(progress.stats()))
+    """, {"RAYPULSE_PROGRESS_URL": "http://[::1:bad", "RAY_JOB_ID": "05000000"})
+    assert stats["sent"] == 0
+    assert stats["dropped"] == 4  # three reports and a checkpoint, none deliverable, none raised
+
+
+@pytest.fixture
+def exporter_with_progress(start_exporter, tmp_path):
+    def start(listen: str):
+        env = {"RAYPULSE_EXPORTER_COLLECTORS__TRAIN__INTERVAL_SECONDS": "0.2",
+               "RAYPULSE_EXPORTER_RAY__DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"}
+        return start_exporter("--progress-listen", listen, env=env)
+    return start
+
+
+def series(exporter, family: str) -> dict[tuple, float]:
+    found = {}
+    for metric in text_string_to_metric_families(exporter.metrics_text()):
+        for sample in metric.samples:
+            if sample.name == family:
+                found[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+TRAINING = """
+    import json, math
+    from exporter import progress
+    for step in range(1, 21):
+        progress.report(step, loss=math.nan if step == 7 else 1.0 / step, samples=32, tokens=4096,
+                        grad_norm=0.5, learning_rate=3e-4)
+    progress.checkpoint_saved(20)
+    assert progress.flush(5)
+    print(json.dumps(progress.stats()))
+"""
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_reports_reach_the_exporter(exporter_with_progress, tmp_path, transport):
+    if transport == "tcp":
+        port = free_port()
+        listen, url = f"127.0.0.1:{port}", f"http://127.0.0.1:{port}"
+    else:
+        listen = url = f"unix:{tmp_path / 'progress.sock'}"
+    exporter = exporter_with_progress(listen)
+    stats = run_client(TRAINING, {"RAYPULSE_PROGRESS_URL": url, "RAY_JOB_CONFIG_JSON_ENV_VAR": job_config("sub-7"),
+                                  "RANK": "3"})
+    assert stats == {"sent": 21, "dropped": 0, "rejected": 0, "queued": 0}
+    labels = (("job_id", ""), ("rank", "3"), ("submission_id", "sub-7"))
+    wait_until(lambda: series(exporter, "raypulse_train_step").get(labels) == 20, 10, "step 20 in /metrics")
+    assert series(exporter, "raypulse_train_samples_total")[labels] == 20 * 32
+    assert series(exporter, "raypulse_train_tokens_total")[labels] == 20 * 4096
+    assert series(exporter, "raypulse_train_loss")[labels] == pytest.approx(1 / 20)
+    assert series(exporter, "raypulse_train_nonfinite_values_total")[(("field", "loss"), *labels)] == 1
+    assert series(exporter, "raypulse_train_checkpoint_step")[labels] == 20
+    last = series(exporter, "raypulse_train_last_progress_time_seconds")[labels]
+    assert time.time() - 60 < last <= time.time()
+
+
+def test_reports_the_exporter_refuses_are_counted_not_raised(exporter_with_progress):
+    port = free_port()
+    exporter_with_progress(f"127.0.0.1:{port}")
+    stats = run_client("""
+        import json
+        from exporter import progress
+        progress.report(1, loss=0.1)  # no Ray job id, no submission id: the exporter answers 400
+        progress.flush(5)
+        print(json.dumps(progress.stats()))
+    """, {"RAYPULSE_PROGRESS_URL": f"http://127.0.0.1:{port}"})
+    assert (stats["sent"], stats["rejected"], stats["dropped"]) == (0, 1, 1)
+
+
+def test_the_job_comes_from_what_ray_puts_in_the_process(exporter_with_progress):
+    port = free_port()
+    exporter = exporter_with_progress(f"127.0.0.1:{port}")
+    url = {"RAYPULSE_PROGRESS_URL": f"http://127.0.0.1:{port}"}
+    code = "import json\nfrom exporter import progress\nprogress.report(1)\nprogress.flush(5)\n" \
+           "print(json.dumps(progress.stats()))"
+    run_client(code, {**url, "RAY_JOB_ID": "0a000000"})  # a worker Ray started for job 0a
+    run_client(code, {**url, "RAY_JOB_ID": "ffffffff"})  # a prestarted worker: no job yet, so refused
+    wait_until(lambda: series(exporter, "raypulse_train_reports_total"), 10, "a report in /metrics")
+    reported = {dict(labels)["job_id"] for labels in series(exporter, "raypulse_train_reports_total")}
+    assert reported == {"0a000000"}
+
+
+def test_the_ray_train_helper_forwards_to_ray_train_and_reports_the_step(exporter_with_progress):
+    """ray[train] is not installed here, so its two calls the helper uses are stood in for; the
+    client, the endpoint and the exporter are real."""
+    port = free_port()
+    exporter = exporter_with_progress(f"127.0.0.1:{port}")
+    stats = run_client("""
+        import json, sys, types
+        calls = []
+        train = types.ModuleType("ray.train")
+        train.report = lambda metrics, checkpoint=None, **kwargs: calls.append([metrics["step"], checkpoint, kwargs])
+        train.get_context = lambda: types.SimpleNamespace(get_world_rank=lambda: 3)
+        ray = types.ModuleType("ray")
+        ray.train, ray.is_initialized = train, lambda: True
+        ray.get_runtime_context = lambda: types.SimpleNamespace(get_job_id=lambda: "0b000000")
+        sys.modules.update({"ray": ray, "ray.train": train})
+        from exporter import progress
+        progress.ray_train_report({"step": 4, "loss": 0.5, "lr": 0.01, "samples": 64})
+        progress.ray_train_report({"step": 5, "train_loss": 0.25, "lr": 0.01, "samples": 64}, checkpoint="ckpt-5",
+                                  checkpoint_dir_name="x")
+        progress.flush(5)
+        print(json.dumps({**progress.stats(), "calls": calls}))
+    """, {"RAYPULSE_PROGRESS_URL": f"http://127.0.0.1:{port}"})
+    assert stats["calls"] == [[4, None, {}], [5, "ckpt-5", {"checkpoint_dir_name": "x"}]]
+    assert stats["sent"] == 3
+    labels = (("job_id", "0b000000"), ("rank", "3"), ("submission_id", ""))
+    wait_until(lambda: series(exporter, "raypulse_train_checkpoint_step").get(labels) == 5, 10, "the checkpoint")
+    assert series(exporter, "raypulse_train_step")[labels] == 5
+    assert series(exporter, "raypulse_train_loss")[labels] == 0.25
+    assert series(exporter, "raypulse_train_samples_total")[labels] == 128
+    assert series(exporter, "raypulse_train_learning_rate")[labels] == 0.01

@@ -1,0 +1,334 @@
+"""How the Ray collectors read their sources, on replies recorded from a real Ray 2.60 cluster
+(tests/data/ray, recorded by a test cluster: a launcher-style run that failed once and was
+resubmitted, a plain `ray job submit`, an unplaceable placement group, a killed worker node)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ray.dashboard.utils import to_camel_case as rays_to_camel_case
+
+from exporter.collectors.ray import cluster, jobs, workload
+from exporter.collectors.ray.auth import ray_auth_token
+from exporter.collectors.ray.localray import Raylet, parse_raylet, watched
+from exporter.collectors.ray.procs import Proc
+from exporter.collectors.ray.sd import target_groups
+from exporter.collectors.ray.workers import Identity, parse_node_view, title_identity
+from exporter.snapshot import SampleSink
+from tests.conftest import REPO
+
+DATA = REPO / "tests" / "data" / "ray"
+
+
+def recorded(name: str):
+    return json.loads((DATA / name).read_text())
+
+
+def state_rows(name: str) -> list[dict]:
+    return recorded(name)["data"]["result"]["result"]
+
+
+def values(sink: SampleSink, spec) -> dict[tuple[tuple[str, str], ...], float]:
+    snapshot = sink.freeze(0.0)
+    return {tuple(zip(spec.labels, labels, strict=True)): value for labels, value in snapshot.families.get(spec, ())}
+
+
+def one(sink: SampleSink, spec, **labels) -> float | None:
+    return sink.freeze(0.0).value(spec, **labels)
+
+
+# -- the raylets on this host -------------------------------------------------------------------
+
+HEAD_ARGV = ["/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet",
+             "--raylet_socket_name=/tmp/rp/session_1/sockets/raylet", "--node_manager_port=48001",
+             "--node_id=84c0dd9b203b755540e849326adad3d159cf344aed2a525ce3ca691b", "--node_ip_address=10.0.0.5",
+             "--python_worker_command=/venv/bin/python3 setup_worker.py default_worker.py --node-ip-address=10.0.0.5 "
+             "--temp-dir=/tmp/rp --webui=10.0.0.5:8265 --cluster-id=55104c RAY_WORKER_DYNAMIC_OPTION_PLACEHOLDER",
+             "--session_dir=/tmp/rp/session_1", '--labels={"raypulse.io/exporter-port": "9477"}', "--head",
+             "--num_prestart_python_workers=1"]
+
+
+def test_a_raylet_is_read_from_its_command_line():
+    raylet = parse_raylet(100, HEAD_ARGV)
+    assert raylet == Raylet(pid=100, node_id="84c0dd9b203b755540e849326adad3d159cf344aed2a525ce3ca691b",
+                            is_head=True, node_ip="10.0.0.5", labels={"raypulse.io/exporter-port": "9477"},
+                            dashboard="10.0.0.5:8265", session_dir=Path("/tmp/rp/session_1"))
+    assert raylet.exporter_port == 9477
+    assert parse_raylet(101, ["/usr/bin/raylet", "--help"]) is None
+
+
+def test_an_exporter_watches_the_raylets_labelled_with_its_port_else_the_unlabelled_ones():
+    mine = Raylet(1, "a", False, "", {"raypulse.io/exporter-port": "9477"})
+    other = Raylet(2, "b", False, "", {"raypulse.io/exporter-port": "9478"})
+    by_hand = Raylet(3, "c", False, "", {})
+    assert watched([mine, other, by_hand], 9477) == [mine]
+    assert watched([other, by_hand], 9477) == [by_hand]
+    assert watched([other], 9477) == []
+
+
+def test_the_ray_token_is_found_where_ray_looks(tmp_path):
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("from-home\n")
+    (tmp_path / "token").write_text("  from-path\n")
+    assert ray_auth_token({"RAY_AUTH_TOKEN": "from-env", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "token")},
+                          tmp_path) == "from-env"
+    assert ray_auth_token({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "token")}, tmp_path) == "from-path"
+    assert ray_auth_token({}, tmp_path) == "from-home"
+    assert ray_auth_token({"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "x"}, tmp_path) is None
+    assert ray_auth_token({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")}, tmp_path) is None
+
+
+# -- jobs ---------------------------------------------------------------------------------------
+
+def recorded_jobs() -> dict[str, jobs.Job]:
+    parsed = [jobs.parse_job(raw) for raw in recorded("jobs.json")]
+    return {job.key: job for job in parsed if job is not None}
+
+
+def test_jobs_carry_the_launchers_metadata_and_plain_jobs_are_kept():
+    found = recorded_jobs()
+    assert set(found) == {"run-a-1", "run-a-2", "plain-1", "pg-1"}
+    failed = found["run-a-1"]
+    assert (failed.job_id, failed.status, failed.error_type, failed.driver_exit_code) == \
+        ("02000000", "FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 1)
+    assert (failed.meta("job_name"), failed.meta("run_id"), failed.meta_int("attempt"), failed.meta("user")) == \
+        ("demo", "run-a", 1, "alice")
+    assert failed.user_labels() == [("team", "ml")]
+    assert failed.end_time > failed.submit_time > 1.7e9  # seconds, not Ray's milliseconds
+    plain = found["plain-1"]  # never called ray.init: no Ray job id, still a job
+    assert (plain.job_id, plain.submission_id, plain.meta("job_name"), plain.meta_int("attempt")) == \
+        ("", "plain-1", "", None)
+
+
+def test_job_series_from_recorded_jobs():
+    found = recorded_jobs()
+    now = found["run-a-2"].submit_time + 30
+    starts = jobs.StartTimes()
+    starts.update(found.values(), now, lambda job: found["run-a-2"].submit_time + 2 if job.key == "run-a-2" else None)
+    out = SampleSink(jobs.NAME)
+    jobs.emit(out, found.values(), starts, [], now)
+    attempt2 = {"job_id": "03000000", "submission_id": "run-a-2"}
+    assert one(out, jobs.INFO, **attempt2, type="SUBMISSION", job_name="demo", run_id="run-a", workspace="",
+               user="") == 1
+    assert one(out, jobs.STATE, **attempt2, state="RUNNING") == 1
+    assert one(out, jobs.STATE, **attempt2, state="FAILED") == 0
+    assert one(out, jobs.ATTEMPT, **attempt2) == 2
+    assert one(out, jobs.MAX_ATTEMPTS, **attempt2) == 3
+    assert one(out, jobs.PENDING, **attempt2) == pytest.approx(2)
+    assert one(out, jobs.DURATION, **attempt2) == pytest.approx(30)
+    assert one(out, jobs.END_TIME, **attempt2) is None
+    failed = {"job_id": "02000000", "submission_id": "run-a-1"}
+    assert one(out, jobs.ERROR, **failed, error_type="JOB_ENTRYPOINT_COMMAND_ERROR") == 1
+    assert one(out, jobs.EXIT_CODE, **failed) == 1
+    assert one(out, jobs.LABEL_INFO, **failed, label_key="team", label_value="ml") == 1
+    assert one(out, jobs.START_TIME, **failed) is None  # ended before the exporter saw it run
+    assert one(out, jobs.INFO, job_id="", submission_id="plain-1", type="SUBMISSION", job_name="", run_id="",
+               workspace="", user="") == 1
+
+
+def test_a_start_time_is_observed_when_the_driver_is_elsewhere():
+    pending = jobs.parse_job({"submission_id": "s", "status": "PENDING", "start_time": 1_000_000})
+    running = jobs.parse_job({"submission_id": "s", "job_id": "05000000", "status": "RUNNING",
+                              "start_time": 1_000_000})
+    starts = jobs.StartTimes()
+    starts.update([pending], 1005.0, lambda job: None)
+    assert starts.get(pending) is None
+    starts.update([running], 1012.0, lambda job: None)
+    assert starts.get(running) == 1012.0
+    starts.update([], 1013.0, lambda job: None)  # the job left Ray's list: forgotten
+    assert starts.get(running) is None
+
+
+def test_finished_jobs_stay_for_the_retention_window_and_up_to_the_cap():
+    def job(key: str, status: str, end: float | None) -> jobs.Job:
+        return jobs.parse_job({"submission_id": key, "status": status, "start_time": 1000,
+                               "end_time": end * 1000 if end else None})
+    listed = [job("running", "RUNNING", None), job("new", "SUCCEEDED", 990), job("newer", "FAILED", 995),
+              job("old", "SUCCEEDED", 100)]
+    assert [j.key for j in jobs.select_jobs(listed, 1000, retention_seconds=60, max_finished=10)] == \
+        ["running", "newer", "new"]
+    assert [j.key for j in jobs.select_jobs(listed, 1000, retention_seconds=60, max_finished=1)] == \
+        ["running", "newer"]
+
+
+def test_the_driver_log_is_found_in_the_session_of_this_host(tmp_path):
+    log = tmp_path / "session_1" / "logs" / "job-driver-run-a-2.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("step 1\n")
+    assert jobs.driver_log_mtime([tmp_path / "nowhere", tmp_path / "session_1"], "run-a-2") == log.stat().st_mtime
+    assert jobs.driver_log_mtime([tmp_path / "session_1"], "../../etc/passwd") is None
+
+
+# -- workload of a job --------------------------------------------------------------------------
+
+def test_actor_deaths_are_classified_by_cause():
+    assert workload.death_reason({"actor_died_error_context": {"reason": "NODE_DIED", "error_message": "..."}}) == \
+        "NODE_DIED"
+    assert workload.death_reason({"oom_context": {"error_message": "killed"}}) == "OUT_OF_MEMORY"
+    assert workload.death_reason({"creation_task_failure_context": {}}) == "CREATION_TASK_ERROR"
+    assert workload.death_reason({"actor_died_error_context": {"reason": "free text!"}}) == "UNKNOWN"
+    assert workload.death_reason(None) == "UNKNOWN"
+
+
+def test_the_recorded_task_failures_are_infrastructure_and_user_errors_by_type():
+    failed = state_rows("failed_tasks_of_job.json")
+    assert {jobs.enum_value(task["error_type"]) for task in failed} <= {"TASK_EXECUTION_EXCEPTION", "WORKER_DIED",
+                                                                        "NODE_DIED", "ACTOR_DIED", "OWNER_DIED"}
+    summary = recorded("task_summary_of_job.json")["data"]["result"]["result"]["node_id_to_summary"]["cluster"]
+    assert "Trainer.train" in summary["summary"]
+
+
+# -- the cluster --------------------------------------------------------------------------------
+
+def test_dead_nodes_and_their_cause():
+    nodes = [cluster.parse_node(row) for row in state_rows("nodes.json")]
+    dead = [n for n in nodes if not n.alive]
+    assert [n.death_reason for n in dead] == ["UNEXPECTED_TERMINATION"]
+    out = SampleSink(jobs.NAME)
+    cluster.emit_nodes(out, nodes, now=dead[0].end_time + 10, retention_seconds=60)
+    assert values(out, cluster.NODES) == {(("state", "ALIVE"),): 2, (("state", "DEAD"),): 1}
+    assert one(out, cluster.NODE_DEATH, node_id=dead[0].node_id, reason="UNEXPECTED_TERMINATION") == 1
+    out = SampleSink(jobs.NAME)
+    cluster.emit_nodes(out, nodes, now=dead[0].end_time + 600, retention_seconds=60)
+    assert one(out, cluster.NODE_ALIVE, node_id=dead[0].node_id, node_ip=dead[0].node_ip, node_role="worker") is None
+    assert values(out, cluster.NODE_DEATHS) == {(("reason", "UNEXPECTED_TERMINATION"),): 1}
+
+
+@pytest.mark.parametrize("name", ["object_store_memory", "CPU", "node:__internal_head__", "my_custom_res", "GPU",
+                                  "accelerator_type:A100"])
+def test_resource_names_are_camel_cased_as_ray_does(name):
+    assert cluster.to_camel_case(name) == rays_to_camel_case(name)
+
+
+def test_resources_and_pending_demand_from_the_load_report():
+    nodes = [cluster.parse_node(row) for row in state_rows("nodes.json")]
+    out = SampleSink(jobs.NAME)
+    cluster.emit_resources(out, recorded("cluster_status.json")["data"], nodes)
+    capacity = {dict(k)["resource"]: v for k, v in values(out, cluster.CAPACITY).items()}
+    assert capacity["CPU"] == 3
+    assert capacity["object_store_memory"] == 3 * 83886080  # mapped back from objectStoreMemory
+    assert not any(name.startswith("node:") for name in capacity)
+    assert one(out, cluster.USED, resource="CPU") == 2
+    assert one(out, cluster.DEMAND, resource="CPU") == 64  # the placement group that does not fit
+    head = next(n for n in nodes if n.is_head)
+    assert one(out, cluster.NODE_CAPACITY, node_id=head.node_id, resource="memory") > 0
+
+
+def test_placement_groups_by_state_and_the_oldest_pending_one():
+    groups = state_rows("placement_groups.json")
+    received = int(groups[0]["stats"]["creation_request_received_ns"]) / 1e9
+    out = SampleSink(jobs.NAME)
+    cluster.emit_placement_groups(out, groups, now=received + 42)
+    assert one(out, cluster.PLACEMENT_GROUPS, state="PENDING") == 1
+    assert one(out, cluster.PLACEMENT_GROUPS, state="CREATED") == 0
+    assert one(out, cluster.OLDEST_PENDING_PG) == pytest.approx(42)
+    assert cluster.placement_groups_by_job(groups) == {"04000000": {"PENDING": 1}}
+
+
+def test_service_discovery_lists_alive_nodes_with_their_exporter_ports():
+    nodes = [cluster.parse_node(row) for row in state_rows("nodes.json")]
+    groups = target_groups(nodes, "demo", fallback_port=9477)
+    assert [g["labels"]["role"] for g in groups] == ["head", "worker"]
+    for group, node in zip(groups, sorted((n for n in nodes if n.alive), key=lambda n: not n.is_head), strict=True):
+        assert group["targets"] == [f"{node.node_ip}:{node.labels['raypulse.io/exporter-port']}"]
+        assert group["labels"] == {"cluster": "demo", "node": node.node_name, "role": group["labels"]["role"],
+                                   "ray_node_id": node.node_id}
+    unlabelled = cluster.Node("n1", "fd00::1", "n1", False, True, "", None, None)
+    assert target_groups([unlabelled], "", 9477)[0]["targets"] == ["[fd00::1]:9477"]
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+def test_a_nodes_actors_map_their_processes_to_job_and_class():
+    view = parse_node_view(recorded("node_detail.json")["data"]["detail"])
+    assert list(view.workers.values()) == [Identity("03000000", "", "actor", "Trainer")]  # not the dead actor
+    assert int(view.store["objectStoreBytesAvail"]) == 83886080
+
+
+def test_workers_the_dashboard_does_not_name_are_idle_or_unknown():
+    proc = Proc(pid=1, ppid=0, start_ticks=0, cpu_seconds=0, resident_bytes=0, shared_bytes=0, title="ray::IDLE")
+    assert title_identity(proc) == Identity("", "", "idle")
+    assert title_identity(Proc(1, 0, 0, 0, 0, 0, "ray::train_step")) == Identity("", "", "worker")
+
+
+def test_ray_series_never_carry_the_labels_sd_puts_on_targets():
+    """Prometheus would rename a series label that a target also has (exported_role), so series say
+    node_id / node_role / process_role / cluster_name where /sd says ray_node_id / role / cluster."""
+    from exporter.catalog import CATALOG
+    from exporter.collector import load_collectors
+
+    load_collectors()
+    ours = [s for s in CATALOG if s.collector in ("ray", "ray_head", "ray_processes", "train")]
+    assert len(ours) >= 50
+    assert [s.name for s in ours if set(s.labels) & {"cluster", "node", "role", "ray_node_id"}] == []
+
+
+def test_the_exporter_never_imports_ray():
+    code = ("import sys\nfrom exporter.server import enabled_collectors\nfrom exporter.config import load_config\n"
+            "enabled_collectors(load_config({}, environ={}))\nimport exporter.progress\n"
+            "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+
+
+
+class JobsApi:
+    """The one Jobs API call the directory makes, answering from a list the test changes."""
+
+    def __init__(self) -> None:
+        self.jobs: list[dict] = []
+        self.calls = 0
+
+    async def json(self, path: str):
+        assert path == "/api/jobs/"
+        self.calls += 1
+        return self.jobs
+
+
+async def test_the_job_directory_asks_at_once_for_a_new_id_then_backs_off():
+    from exporter.collectors.ray.jobdir import JobDirectory
+
+    now = [0.0]
+    directory, api = JobDirectory(clock=lambda: now[0]), JobsApi()
+    api.jobs = [{"submission_id": "sub-1", "job_id": None}]  # submitted; the driver has not connected yet
+    pairs = [("", "sub-1")]
+    asked_at = []
+    for second in range(40):
+        now[0] = float(second)
+        if directory.due(pairs):
+            asked_at.append(second)
+            await directory.refresh(api)
+        if second == 9:
+            api.jobs = [{"submission_id": "sub-1", "job_id": "02000000"}]
+    assert asked_at == [0, 2, 6, 14]  # then known: no more reads
+    assert directory.resolve("", "sub-1") == ("02000000", "sub-1")
+    assert directory.resolve("02000000", "") == ("02000000", "sub-1")
+    now[0] = 41.0
+    assert directory.due([("03000000", "")])  # a new id is looked up at once
+
+
+def test_process_cpu_counters_keep_what_exited_processes_used_and_end_with_the_group():
+    from exporter.collectors.ray.processes import CPU, PROCESSES, RayProcessesCollector
+    from exporter.config import load_config
+
+    collector = RayProcessesCollector(load_config({}, environ={}))
+    actor = Identity("02000000", "run-1", "actor", "Trainer")
+    labels = {"job_id": "02000000", "submission_id": "run-1", "process_role": "actor", "actor_class": "Trainer"}
+
+    def run(*procs: Proc) -> SampleSink:
+        out = SampleSink("ray_processes")
+        collector._emit_processes(out, {(p.pid, p.start_ticks): (p, actor) for p in procs})
+        return out
+
+    first = run(Proc(10, 1, 500, 4.0, 1 << 20, 0, "ray::Trainer"), Proc(11, 1, 600, 1.0, 1 << 20, 0, "ray::Trainer"))
+    assert one(first, CPU, **labels) == 5.0
+    second = run(Proc(10, 1, 500, 6.0, 1 << 20, 0, "ray::Trainer"))  # pid 11 exited
+    assert one(second, CPU, **labels) == 7.0  # its second stays counted
+    assert one(second, PROCESSES, **labels) == 1
+    third = run(Proc(10, 1, 500, 6.5, 1 << 20, 0, "ray::Trainer"), Proc(11, 1, 900, 0.2, 1 << 20, 0, "ray::X"))
+    assert one(third, CPU, **labels) == 7.7  # a reused pid is a new process (new start time)
+    assert one(run(), CPU, **labels) is None  # no process left: the series ends
