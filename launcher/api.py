@@ -1,0 +1,326 @@
+"""The launcher's Python API; the `launcher` command line is a thin layer over it.
+
+    import launcher
+    handle = launcher.submit({"name": "mnist", "entrypoint": "python train.py",
+                              "worker_groups": [{"count": 2, "cpus": 1}]})
+    handle.status().state        # PENDING, RUNNING, ... (refreshed from the cluster)
+    record = handle.wait()       # follows retries and deadlines; tears a local cluster down
+    record.exit_code             # launcher.ExitCode values
+
+`submit` starts what the backend needs (a local cluster, or checks an existing one), submits the
+first attempt (or finds it, by submission id) and returns; `wait` supervises the run to its end.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from launcher import audit
+from launcher.display import Reporter
+from launcher.errors import BadInput, InfraError
+from launcher.exitcodes import FINAL_STATES, ExitCode
+from launcher.jobs import TERMINAL, JobsClient, read_token
+from launcher.local import LocalCluster, forget_cluster, stop_cluster_processes
+from launcher.run import Run, finish_run, submission_id, update_attempt
+from launcher.spec import JobSpec, build_spec
+from launcher.state import (
+    ClusterRecord,
+    RunRecord,
+    clear_stop,
+    load_cluster,
+    load_run,
+    request_stop,
+)
+
+
+def as_spec(spec: JobSpec | Mapping[str, Any]) -> JobSpec:
+    return spec if isinstance(spec, JobSpec) else build_spec(dict(spec))
+
+
+def _check_working_dir(spec: JobSpec) -> JobSpec:
+    """A local working dir is uploaded with each attempt: it must exist before anything starts, and
+    is recorded as an absolute path (a later retry or `status` may run from elsewhere)."""
+    if not spec.working_dir or "://" in spec.working_dir:
+        return spec
+    path = Path(spec.working_dir).expanduser()
+    if not path.is_dir():
+        raise BadInput(f"working_dir: {spec.working_dir} is not a directory")
+    return spec.model_copy(update={"working_dir": str(path.resolve())})
+
+
+def cluster_client(name: str) -> tuple[ClusterRecord, JobsClient]:
+    """A kept (or running) local cluster and a Jobs API client for it."""
+    record = load_cluster(name)
+    if record is None:
+        raise BadInput(f"cluster: no running local cluster named {name!r}; start one with `launcher up --name {name}`")
+    return record, JobsClient(record.address, Path(record.token_path).read_text().strip(), field="cluster")
+
+
+def client_for(address: str | None, cluster: str | None, token_path: Path | None = None) -> JobsClient:
+    if cluster:
+        return cluster_client(cluster)[1]
+    if not address:
+        raise BadInput("address: give --address URL (a Ray dashboard) or --cluster NAME (a kept local cluster)")
+    return JobsClient(address, read_token(token_path))
+
+
+class RunHandle:
+    """A submitted run: status(), logs(), stop(), wait(). Use it as a context manager (or call
+    close()) so that a local cluster is torn down even when wait() is never reached."""
+
+    def __init__(self, run: Run, cluster: LocalCluster | None) -> None:
+        self._run = run
+        self._cluster = cluster
+
+    @property
+    def run_id(self) -> str:
+        return self._run.record.run_id
+
+    @property
+    def record(self) -> RunRecord:
+        return self._run.record
+
+    @property
+    def cluster(self) -> ClusterRecord | None:
+        return self._cluster.record if self._cluster else None
+
+    def status(self) -> RunRecord:
+        """The run record with the current attempt refreshed from the cluster."""
+        record = self._run.record
+        if record.exit_code is None and self._run.current:
+            details = self._run.client.details(submission_id(record.run_id, self._run.current))
+            if details is not None:
+                update_attempt(record, self._run.current, details)
+        return record
+
+    def logs(self, attempt: int | None = None) -> str:
+        return self._run.client.logs(submission_id(self.run_id, attempt or self._run.current))
+
+    def stop(self) -> None:
+        """Stop the current attempt; no retry follows. wait() then returns with state STOPPED."""
+        self._run.stop()
+
+    def wait(self) -> RunRecord:
+        """Supervise the run to its end (retries, deadlines, stop) and close. The record's
+        exit_code is the launcher's exit code for it."""
+        try:
+            return self._run.wait()
+        except InfraError as exc:
+            return self._run.finish_with(ExitCode.INFRA_ERROR, str(exc))
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Tear down the local cluster this run started, unless it is kept."""
+        if self._cluster is None or self._cluster.record is None:
+            return
+        if self._cluster.kept:
+            record = self._cluster.record
+            self._run.reporter.info(f"cluster {record.name} kept at {record.address}; "
+                                    f"`launcher down {record.name}` stops it")
+            return
+        self._cluster.teardown()
+
+    def __enter__(self) -> RunHandle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = None,
+           cancel: threading.Event | None = None, follow_logs: bool = False) -> RunHandle:
+    """Start the run: bring up what its backend needs and submit (or find) the current attempt.
+    Raises BadInput before anything starts when the spec or target cannot be used."""
+    spec = as_spec(spec).with_run_id()
+    reporter = reporter or Reporter()
+    cancel = cancel or threading.Event()
+    backend = spec.resolved_backend
+    if backend == "kuberay":
+        raise BadInput("backend: kuberay runs are applied with launcher.kuberay.apply(spec) (`launcher submit "
+                       "--backend kuberay`); they are followed with kubectl")
+    spec = _check_working_dir(spec)
+    record = load_run(spec.run_id)
+    left_running = load_cluster(spec.run_id) if backend == "local" else None
+    if backend == "local" and left_running is None and record is not None and record.exit_code is not None:
+        raise BadInput(f"run_id: run {spec.run_id} already ended {record.state} (exit {record.exit_code}) and its "
+                       f"cluster is gone; see `launcher status {spec.run_id}`, or choose another --run-id")
+    if record is None or (backend == "local" and left_running is None):
+        record = RunRecord(run_id=spec.run_id, name=spec.name, backend=backend, max_attempts=spec.max_attempts,
+                           spec=spec.model_dump(mode="json"))
+        clear_stop(spec.run_id)  # a stop asked of an earlier run with this id is not for this one
+    record.pid = os.getpid()
+    cluster: LocalCluster | None = None
+    if backend == "existing":
+        client = client_for(spec.address, spec.cluster, spec.token_path)
+        record.address, record.cluster = client.address, spec.cluster
+    elif left_running is not None:
+        # The cluster of an earlier submit of this run is still up (kept, or its launcher died):
+        # follow the run there, status first, instead of starting a second cluster.
+        reporter.info(f"cluster {left_running.name} of run {spec.run_id} is still running; following the run on it")
+        cluster = LocalCluster.adopt(left_running, reporter, cancel)
+        client = cluster_client(left_running.name)[1]
+        record.address, record.cluster, record.cluster_kept = left_running.address, left_running.name, left_running.kept
+    else:
+        # Ray's Jobs client takes a second to import: do it while the nodes start.
+        threading.Thread(target=importlib.import_module, args=("ray.job_submission",), daemon=True).start()
+        cluster = LocalCluster(spec, spec.run_id, reporter, cancel, kept=spec.keep_cluster, defer_exporters=True)
+        record.cluster, record.cluster_kept = spec.run_id, spec.keep_cluster
+        record.save()
+        try:
+            cluster_record = cluster.start()
+        except BadInput:
+            shutil.rmtree(record.directory, ignore_errors=True)  # nothing was started: no run either
+            raise
+        except InfraError as exc:
+            finish_run(record, "INFRA_ERROR", str(exc))
+            raise
+        record.address = cluster_record.address
+        try:
+            client = JobsClient(cluster_record.address, Path(cluster_record.token_path).read_text().strip())
+        except BaseException:
+            cluster.teardown()
+            raise
+    record.save()
+    # A new local cluster's exporters start once the job runs: on a small machine their start-up
+    # would otherwise compete with the job's (the run also starts them if it stays pending).
+    run = Run(spec, client, record, reporter, cancel, follow_logs=follow_logs,
+              on_running=cluster.start_exporters if cluster is not None else None)
+    try:
+        run.start()
+    except BaseException:
+        if cluster is not None:
+            cluster.teardown()
+        raise
+    return RunHandle(run, cluster)
+
+
+# --- clusters without a job ----------------------------------------------------------------------
+
+
+def up(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = None,
+       cancel: threading.Event | None = None) -> ClusterRecord:
+    """Start a local cluster that stays until `down(name)`; jobs go to it with cluster=name."""
+    spec = as_spec(spec)
+    return LocalCluster(spec, spec.name, reporter or Reporter(), cancel, kept=True).start()
+
+
+def down(name: str, *, reporter: Reporter | None = None) -> int:
+    """Tear down a local cluster by name; returns how many processes needed SIGKILL."""
+    record = load_cluster(name)
+    if record is None:
+        raise BadInput(f"cluster: no running local cluster named {name!r} (see `launcher list`)")
+    reporter = reporter or Reporter()
+    reporter.step("down", f"tearing down cluster {name}")
+    killed = stop_cluster_processes(record)
+    forget_cluster(record)
+    reporter.done("down", f"cluster {name} torn down" + (f"; {killed} process(es) needed SIGKILL" if killed else ""))
+    audit.record("cluster.down", "ok", cluster=name, killed=killed or None)
+    return killed
+
+
+# --- runs after the fact -------------------------------------------------------------------------
+
+
+def _record_client(record: RunRecord) -> JobsClient | None:
+    """A client for the cluster the run used, if that cluster still answers."""
+    try:
+        if record.cluster and load_cluster(record.cluster) is not None:
+            return cluster_client(record.cluster)[1]
+        if record.address and record.backend == "existing":
+            return JobsClient(record.address, read_token(None))
+    except BadInput:
+        return None
+    return None
+
+
+def runs_on_cluster(client: JobsClient) -> dict[str, RunRecord]:
+    """Runs reconstructed from a cluster's jobs (their raypulse.* metadata), by run id. A job
+    submitted without the launcher appears as a run named by its submission id."""
+    runs: dict[str, RunRecord] = {}
+    for job in sorted(client.list(), key=lambda item: item.start_time or 0):
+        metadata = job.metadata or {}
+        run_id = metadata.get("raypulse.run_id") or job.submission_id or job.job_id
+        run = runs.setdefault(run_id, RunRecord(
+            run_id=run_id, name=metadata.get("raypulse.job_name", run_id), backend="existing",
+            address=client.address, max_attempts=int(metadata.get("raypulse.max_attempts", 1)),
+            created_at=(job.start_time or 0) / 1000))
+        update_attempt(run, int(metadata.get("raypulse.attempt", 1)), job)
+    for run in runs.values():
+        last = run.attempts[-1].status
+        run.state = last if last in TERMINAL or last == "RUNNING" else "PENDING"
+        if last in FINAL_STATES and (last != "FAILED" or len(run.attempts) >= run.max_attempts):
+            run.exit_code = int(FINAL_STATES[last])
+    return runs
+
+
+def status(run_id: str, *, address: str | None = None, cluster: str | None = None,
+           token_path: Path | None = None) -> RunRecord:
+    """The run as this machine recorded it, refreshed from its cluster while that answers; or,
+    with address/cluster, as that cluster knows it."""
+    if address or cluster:
+        runs = runs_on_cluster(client_for(address, cluster, token_path))
+        if run_id in runs:
+            return runs[run_id]
+        raise BadInput(f"run_id: the cluster has no job of run {run_id!r}")
+    record = load_run(run_id)
+    if record is None:
+        raise BadInput(f"run_id: no run {run_id!r} is recorded here; give --address or --cluster to ask a cluster")
+    if record.exit_code is None:
+        client = _record_client(record)
+        if client is not None:
+            for attempt in record.attempts:
+                details = client.details(attempt.submission_id)
+                if details is not None:
+                    update_attempt(record, attempt.attempt, details)
+    return record
+
+
+def logs(run_id: str, *, attempt: int | None = None, follow: bool = False, write: Callable[[str], None],
+         address: str | None = None, cluster: str | None = None, token_path: Path | None = None) -> None:
+    """Write an attempt's log (default: the latest): live from the cluster, or as saved."""
+    record = status(run_id, address=address, cluster=cluster, token_path=token_path)
+    if not record.attempts:
+        raise BadInput(f"run_id: run {run_id!r} has no attempt yet")
+    chosen = record.attempt(attempt) if attempt else record.attempts[-1]
+    if chosen is None:
+        raise BadInput(f"attempt: run {run_id!r} has attempts 1..{len(record.attempts)}")
+    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record)
+    if client is not None and client.details(chosen.submission_id) is not None:
+        if follow:
+            client.follow_logs(chosen.submission_id, write).join()
+        else:
+            write(client.logs(chosen.submission_id))
+        return
+    saved = record.attempt_log(chosen.attempt)
+    if not saved.exists():
+        raise BadInput(f"run_id: the log of {chosen.submission_id} is neither on a reachable cluster nor saved here")
+    write(saved.read_text())
+
+
+def stop(run_id: str, *, address: str | None = None, cluster: str | None = None,
+         token_path: Path | None = None) -> list[str]:
+    """Stop the run's unfinished attempts and tell its launcher not to retry. Returns the
+    submission ids that were stopped."""
+    record = load_run(run_id)
+    if record is not None:
+        request_stop(run_id)
+    elif not (address or cluster):
+        raise BadInput(f"run_id: no run {run_id!r} is recorded here; give --address or --cluster")
+    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record)
+    stopped = []
+    if client is not None:
+        current = status(run_id, address=address, cluster=cluster, token_path=token_path) if (address or cluster) \
+            else record
+        for attempt in current.attempts:
+            details = client.details(attempt.submission_id)
+            if details is not None and details.status.value not in TERMINAL and client.stop(attempt.submission_id):
+                stopped.append(attempt.submission_id)
+    audit.record("run.stop", "ok", run_id=run_id, stopped=stopped)
+    return stopped

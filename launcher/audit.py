@@ -1,0 +1,57 @@
+"""The audit log: one JSON line per action (when, who, what, result) in $RAYPULSE_HOME/audit.log.
+
+Actions are what changes something or was refused: a cluster started or torn down, an attempt
+submitted, a stop, a run's final state, a manifest rendered or applied, a command refused as bad
+input. Each line is appended with a single write, so concurrent launchers do not interleave lines.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from launcher.state import home
+
+
+def path() -> Path:
+    return home() / "audit.log"
+
+
+def record(action: str, result: str, **details: Any) -> None:
+    """Append one line. A failure to write is reported on stderr but never raised into the action it
+    records (a full disk must not prevent a stop or a teardown)."""
+    line = {
+        "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "unix_time": round(time.time(), 3),
+        "user": getpass.getuser(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "action": action,
+        "result": result,
+        **{key: value for key, value in details.items() if value is not None},
+    }
+    try:
+        target = path()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, (json.dumps(line, default=str, sort_keys=False) + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        sys.stderr.write(f"launcher: cannot write the audit log {path()}: {exc}\n")
+
+
+def read() -> list[dict[str, Any]]:
+    """Every line so far (for `launcher` users and tests)."""
+    try:
+        return [json.loads(line) for line in path().read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,127 @@
+"""How the launcher tells a person what it is doing: a rich display of each step on a terminal,
+plain `launcher: ...` lines otherwise (logs, CI). Step messages go to stderr; the job's own output
+goes to stdout, so `launcher submit ... > out.txt` captures exactly what the job printed.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TextIO
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+
+
+class Reporter:
+    """Receives the launcher's events. This base class shows nothing (the Python API's default)."""
+
+    def step(self, key: str, text: str) -> None:
+        """A step started (e.g. key "head", text "starting the head node")."""
+
+    def done(self, key: str, text: str) -> None:
+        """The step finished; text says how."""
+
+    def info(self, text: str) -> None:
+        """A one-off event."""
+
+    def warn(self, text: str) -> None:
+        """Something the user must know about that does not stop the job."""
+
+    def log(self, text: str) -> None:
+        """Output of the job itself."""
+
+    def close(self) -> None:
+        """No more events."""
+
+
+class PlainReporter(Reporter):
+    """One line per event, for pipes and CI logs."""
+
+    def __init__(self, err: TextIO | None = None, out: TextIO | None = None) -> None:
+        self._err = err or sys.stderr
+        self._out = out or sys.stdout
+        self._started: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def _line(self, text: str) -> None:
+        with self._lock:
+            self._err.write(f"launcher: {text}\n")
+            self._err.flush()
+
+    def step(self, key: str, text: str) -> None:
+        self._started[key] = time.monotonic()
+        self._line(text)
+
+    def done(self, key: str, text: str) -> None:
+        started = self._started.pop(key, None)
+        self._line(text if started is None else f"{text} ({time.monotonic() - started:.1f}s)")
+
+    def info(self, text: str) -> None:
+        self._line(text)
+
+    def warn(self, text: str) -> None:
+        self._line(f"warning: {text}")
+
+    def log(self, text: str) -> None:
+        with self._lock:
+            self._out.write(text)
+            self._out.flush()
+
+
+class RichReporter(PlainReporter):
+    """Spinners for the steps in progress while the cluster starts; once the job's output begins
+    the live display ends and events become coloured lines between the job's lines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._console = Console(stderr=True, highlight=False)
+        self._progress: Progress | None = Progress(
+            SpinnerColumn(finished_text="[green]✓"), TextColumn("{task.description}"), TimeElapsedColumn(),
+            console=self._console, transient=False)
+        self._tasks: dict[str, TaskID] = {}
+        self._progress.start()
+
+    def _end_live(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def step(self, key: str, text: str) -> None:
+        if self._progress is None:
+            super().step(key, text)
+            return
+        self._tasks[key] = self._progress.add_task(escape(text), total=1)
+
+    def done(self, key: str, text: str) -> None:
+        task = self._tasks.pop(key, None)
+        if self._progress is None or task is None:
+            super().done(key, text)
+            return
+        self._progress.update(task, description=escape(text), completed=1)
+
+    def _print(self, markup: str) -> None:
+        (self._progress.console if self._progress else self._console).print(markup, soft_wrap=True)
+
+    def _line(self, text: str) -> None:  # the plain reporter's lines, once the live display is over
+        self._print(f"[bold]launcher:[/] {escape(text)}")
+
+    def info(self, text: str) -> None:
+        self._print(f"[bold]launcher:[/] {escape(text)}")
+
+    def warn(self, text: str) -> None:
+        self._print(f"[bold yellow]launcher: warning:[/] {escape(text)}")
+
+    def log(self, text: str) -> None:
+        self._end_live()
+        super().log(text)
+
+    def close(self) -> None:
+        self._end_live()
+
+
+def reporter_for_terminal() -> Reporter:
+    """Rich on a terminal, plain lines when stderr is not one."""
+    return RichReporter() if sys.stderr.isatty() else PlainReporter()

@@ -1,0 +1,12 @@
+"""The two kinds of failure the launcher reports besides a job's own result (see exitcodes.py)."""
+
+from __future__ import annotations
+
+
+class BadInput(ValueError):
+    """The request cannot be carried out as given (spec, options, target cluster, token,
+    kubeconfig). Raised before anything starts; the message names the field or setting."""
+
+
+class InfraError(RuntimeError):
+    """The cluster could not be started, or was lost while the job ran."""

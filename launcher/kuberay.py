@@ -1,0 +1,230 @@
+"""KubeRay manifests for a job: a RayJob (head and worker groups, K8s-Job submitter, backoffLimit,
+deadlines, shutdownAfterJobFinishes, runtime env, token auth), the Secret holding its token, the
+exporter as a sidecar in every Ray pod, and a PodMonitor that scrapes those sidecars.
+
+The RayJob validates against the v1 schema of KubeRay's CRD (tests/data/kuberay/) and follows
+the rules KubeRay's own validation adds (DNS-1035 name of at most 47 characters, node labels in the
+group `labels` field rather than rayStartParams, token auth with rayVersion >= 2.52). Queueing and
+quota belong to Kueue: naming a queue adds its label, and Kueue suspends and admits the RayJob.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launcher import audit
+from launcher.errors import BadInput
+from launcher.run import job_metadata, runtime_env
+from launcher.spec import JobSpec, format_memory
+
+RAY_PORTS = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080)]
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+TOKEN_SECRET_KEY = "auth_token"  # KubeRay's RAY_AUTH_TOKEN_SECRET_KEY
+EXPORTER_PORT_NAME = "raypulse"
+
+
+def _pod_labels(spec: JobSpec) -> dict[str, str]:
+    labels = {
+        "app.kubernetes.io/managed-by": "raypulse-launcher",
+        "raypulse.io/job-name": spec.name,
+        "raypulse.io/run-id": spec.run_id or "",
+        "raypulse.io/workspace": spec.workspace,
+        "raypulse.io/user": spec.user,
+    }
+    labels.update({f"label.raypulse.io/{key}": value for key, value in spec.labels.items()})
+    return labels
+
+
+def _container_resources(cpus: float, memory: int | None, gpus: int = 0) -> dict[str, Any]:
+    amounts: dict[str, Any] = {"cpu": f"{int(cpus * 1000)}m" if cpus != int(cpus) else str(int(cpus))}
+    if memory:
+        amounts["memory"] = format_memory(memory)
+    if gpus:
+        amounts["nvidia.com/gpu"] = str(gpus)
+    # Requests equal limits: Kueue counts requests, and a training pod should not be throttled.
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _exporter_sidecar(spec: JobSpec, role: str, dashboard: str, secret: str) -> dict[str, Any]:
+    args = ["serve", "--listen", f"0.0.0.0:{spec.exporter_port}", "--ray-dashboard", dashboard,
+            "--cluster", spec.run_id, "--ray-role", role, "--progress-listen", f"127.0.0.1:{spec.progress_port}"]
+    return {
+        "name": "raypulse-exporter",
+        "image": spec.exporter_image or spec.image,
+        "command": ["python", "-m", "exporter"],
+        "args": args,
+        "ports": [{"name": EXPORTER_PORT_NAME, "containerPort": spec.exporter_port, "protocol": "TCP"}],
+        "env": [
+            {"name": "RAY_AUTH_MODE", "value": "token"},
+            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": TOKEN_SECRET_KEY}}},
+        ],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": EXPORTER_PORT_NAME}, "periodSeconds": 10},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": EXPORTER_PORT_NAME}, "periodSeconds": 20,
+                          "failureThreshold": 6},
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
+    }
+
+
+def _ray_container(spec: JobSpec, name: str, resources: dict[str, Any], ports: list[tuple[str, int]]) -> dict:
+    return {
+        "name": name,
+        "image": spec.image,
+        "resources": resources,
+        "ports": [{"name": port_name, "containerPort": number} for port_name, number in ports],
+        # The training code's progress client finds the exporter sidecar through this.
+        "env": [{"name": "RAYPULSE_PROGRESS_URL", "value": f"http://127.0.0.1:{spec.progress_port}"}],
+    }
+
+
+def _start_params(cpus: float, gpus: int, resources: dict[str, float], memory: int | None = None) -> dict[str, str]:
+    params = {"num-cpus": str(int(cpus)) if cpus == int(cpus) else str(cpus), "num-gpus": str(gpus)}
+    if memory:
+        params["memory"] = str(memory)
+    if resources:
+        params["resources"] = json.dumps(resources)
+    return params
+
+
+def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
+    """The manifests, in apply order: Secret, RayJob, PodMonitor."""
+    spec = spec.with_run_id()
+    if spec.working_dir and "://" not in spec.working_dir:
+        raise BadInput(f"working_dir: {spec.working_dir} is a local directory; on Kubernetes give a remote URI "
+                       "(https://.../code.zip, s3://..., gs://...) or bake the code into the image")
+    name, namespace = spec.run_id, spec.namespace
+    secret = f"{name}-ray-token"
+    head_service = f"{name}-head"
+    labels = _pod_labels(spec)
+    node_labels = {"raypulse.io/exporter-port": str(spec.exporter_port)}
+    head_dashboard = "http://127.0.0.1:8265"  # same pod
+    worker_dashboard = f"http://{head_service}.{namespace}.svc:8265"
+
+    head_pod = {
+        "metadata": {"labels": {**labels, "raypulse.io/role": "head"}},
+        "spec": {"containers": [
+            _ray_container(spec, "ray-head", _container_resources(spec.head.cpus, spec.head.memory), RAY_PORTS),
+            _exporter_sidecar(spec, "head", head_dashboard, secret),
+        ]},
+    }
+    worker_groups = []
+    for group in spec.worker_groups:
+        pod = {
+            "metadata": {"labels": {**labels, "raypulse.io/role": "worker", "raypulse.io/group": group.name}},
+            "spec": {"containers": [
+                _ray_container(spec, "ray-worker", _container_resources(group.cpus, group.memory, group.gpus),
+                               [("metrics", 8080)]),
+                _exporter_sidecar(spec, "worker", worker_dashboard, secret),
+            ]},
+        }
+        worker_groups.append({
+            "groupName": group.name,
+            "replicas": group.count,
+            "minReplicas": group.count,
+            "maxReplicas": group.count,
+            "rayStartParams": _start_params(group.cpus, group.gpus, group.resources, group.memory),
+            "labels": {**node_labels, "raypulse.io/group": group.name},
+            "template": pod,
+        })
+    ray_version = importlib.metadata.version("ray")
+    env = runtime_env(spec)
+    metadata = job_metadata(spec, attempt=1)
+    # KubeRay's own retries (backoffLimit) do not tell the job its attempt number; leave it out.
+    metadata.pop("raypulse.attempt")
+    rayjob: dict[str, Any] = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {**labels, **({KUEUE_QUEUE_LABEL: spec.queue} if spec.queue else {})}},
+        "spec": {
+            "entrypoint": spec.entrypoint,
+            "metadata": metadata,
+            "submissionMode": "K8sJobMode",
+            "submitterConfig": {"backoffLimit": 2},
+            "backoffLimit": spec.max_retries,
+            "shutdownAfterJobFinishes": not spec.keep_cluster,
+            "rayClusterSpec": {
+                "rayVersion": ray_version,
+                "authOptions": {"mode": "token", "secretName": secret},
+                "headGroupSpec": {
+                    "rayStartParams": {**_start_params(0, 0, spec.head.resources), "dashboard-host": "0.0.0.0"},
+                    "labels": {**node_labels, "raypulse.io/group": "head"},
+                    "headService": {"metadata": {"name": head_service}},
+                    "template": head_pod,
+                },
+                "workerGroupSpecs": worker_groups,
+            },
+        },
+    }
+    if env:
+        rayjob["spec"]["runtimeEnvYAML"] = yaml.safe_dump(env, sort_keys=False)
+    if spec.active_deadline_seconds:
+        rayjob["spec"]["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    if spec.pre_running_deadline_seconds:
+        rayjob["spec"]["preRunningDeadlineSeconds"] = spec.pre_running_deadline_seconds
+    token_secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": secret, "namespace": namespace, "labels": labels},
+        "type": "Opaque",
+        "stringData": {TOKEN_SECRET_KEY: token or secrets.token_hex(32)},
+    }
+    pod_monitor = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": f"{name}-raypulse", "namespace": namespace, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": {"raypulse.io/run-id": name}},
+            "podMetricsEndpoints": [{"port": EXPORTER_PORT_NAME, "path": "/metrics", "interval": "15s"}],
+        },
+    }
+    return [token_secret, rayjob, pod_monitor]
+
+
+def to_yaml(manifests: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(manifests, sort_keys=False)
+
+
+def _kubeconfig() -> Path:
+    configured = os.environ.get("KUBECONFIG")
+    path = Path(configured.split(os.pathsep)[0] if configured else "~/.kube/config").expanduser()
+    if not path.is_file():
+        raise BadInput(f"backend: no kubeconfig at {path} ({'KUBECONFIG' if configured else 'default path'}); "
+                       "point KUBECONFIG at one, or write the manifests with `launcher render` and apply them yourself")
+    return path
+
+
+def apply(spec: JobSpec) -> list[dict[str, Any]]:
+    """Create the manifests in the cluster of the current kubeconfig context. Checks everything it
+    can (kubeconfig, client library) before creating anything."""
+    spec = spec.with_run_id()
+    manifests = render(spec)
+    kubeconfig = _kubeconfig()
+    try:
+        from kubernetes import client, config
+        from kubernetes.client.rest import ApiException
+    except ImportError:
+        raise BadInput("backend: the Kubernetes client is not installed; `pip install 'raypulse[kube]'`") from None
+    config.load_kube_config(config_file=str(kubeconfig))
+    core, custom = client.CoreV1Api(), client.CustomObjectsApi()
+    secret, rayjob, pod_monitor = manifests
+    namespace = spec.namespace
+    try:
+        core.create_namespaced_secret(namespace, secret)
+        custom.create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", rayjob)
+    except ApiException as exc:
+        audit.record("kuberay.apply", f"error: {exc.status} {exc.reason}", run_id=spec.run_id, namespace=namespace)
+        raise BadInput(f"backend: Kubernetes refused the RayJob ({exc.status} {exc.reason}): {exc.body}") from None
+    try:
+        custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", namespace, "podmonitors", pod_monitor)
+        monitored = "ok"
+    except ApiException as exc:  # no Prometheus Operator: the job runs, metrics need another scrape config
+        monitored = f"no PodMonitor ({exc.status} {exc.reason})"
+    audit.record("kuberay.apply", "ok", run_id=spec.run_id, namespace=namespace, pod_monitor=monitored)
+    return manifests

@@ -1,0 +1,398 @@
+"""A Ray cluster on this machine: one head (driver only), the workers of the spec, one exporter per
+node, token authentication, its own temp dir, and a teardown that leaves no process behind.
+
+Every node is a `ray start --block` child in its own session: that process owns the node's Ray
+processes and kills them when it gets SIGTERM (Ray's own shutdown hook), and a terminal's Ctrl-C
+reaches only the launcher, which then stops the job first. Every process of the cluster also
+carries RAYPULSE_CLUSTER_TAG in its environment (Ray's workers inherit it from the raylet), so
+the teardown can find and kill whatever outlived its parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from launcher import audit
+from launcher.display import Reporter
+from launcher.errors import BadInput, InfraError
+from launcher.exporters import ExporterPlan
+from launcher.spec import JobSpec
+from launcher.state import ClusterRecord, ExporterRef, ProcessRef, cluster_dir, write_token
+
+TAG_ENV = "RAYPULSE_CLUSTER_TAG"
+EXPORTER_PORT_LABEL = "raypulse.io/exporter-port"
+HEAD_OBJECT_STORE = 256 * 2**20  # the head holds only the driver's objects
+WORKER_OBJECT_STORE = 512 * 2**20  # per worker, unless it has a memory size (then 20% of it)
+START_TIMEOUT_S = 180.0
+POLL_S = 0.25
+STOP_GRACE_S = 15.0
+
+
+class ClusterError(InfraError):
+    """The local cluster could not be started; the message says which node and shows its log."""
+
+
+class PortInUse(BadInput):
+    """A fixed port the spec asks for is taken (bad input: nothing was started)."""
+
+
+class Cancelled(Exception):
+    """Start-up was interrupted (Ctrl-C, SIGTERM, `launcher stop`)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))  # all addresses: taken on any of them counts
+        except OSError:
+            return False
+        return True
+
+
+def _ray_cli() -> str:
+    """The `ray` command of this interpreter's environment, so nodes run the same Ray as the client."""
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
+
+
+@dataclass
+class NodePlan:
+    name: str  # "head" or "<group>-<i>"
+    role: str
+    exporter: ExporterPlan
+    args: list[str] = field(default_factory=list)  # `ray start` arguments
+
+
+def plan_nodes(spec: JobSpec, cluster: str, gcs_port: int, dashboard_port: int) -> list[NodePlan]:
+    """Head first, then each group's workers. Node i (head = 0) serves metrics on exporter_port + 2i
+    and progress on progress_port + 2i: the defaults 9477/9478 are the exporter's own, and the
+    nodes' pairs interleave without colliding."""
+    dashboard = f"http://127.0.0.1:{dashboard_port}"
+
+    def exporter(node: str, role: str, index: int, gpus: int) -> ExporterPlan:
+        return ExporterPlan(node=node, role=role, port=spec.exporter_port + 2 * index,
+                            progress_port=spec.progress_port + 2 * index, dashboard_url=dashboard, cluster=cluster,
+                            simulate_gpus=gpus if spec.simulate_gpus else 0,
+                            gpu_control=str(cluster_dir(cluster) / f"gpus-{node}.json") if spec.simulate_gpus and gpus
+                            else None)
+
+    def labels(plan: ExporterPlan, group: str) -> str:
+        return f"{EXPORTER_PORT_LABEL}={plan.port},raypulse.io/node={plan.node},raypulse.io/group={group}"
+
+    head_exporter = exporter("head", "head", 0, 0)
+    head = NodePlan("head", "head", head_exporter, [
+        "--head", "--port", str(gcs_port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
+        "--ray-client-server-port", str(_free_port()), "--num-cpus", "0", "--num-gpus", "0",
+        "--object-store-memory", str(HEAD_OBJECT_STORE), "--labels", labels(head_exporter, "head"),
+    ] + (["--resources", json.dumps(spec.head.resources)] if spec.head.resources else []))
+    nodes = [head]
+    for number, group in enumerate(spec.worker_groups):
+        if group.cpus != int(group.cpus):
+            raise BadInput(f"worker_groups[{number}].cpus: a local worker has whole CPUs (got {group.cpus})")
+        store = int(group.memory * 0.2) if group.memory else WORKER_OBJECT_STORE
+        for i in range(group.count):
+            name = f"{group.name}-{i + 1}"
+            plan = exporter(name, "worker", len(nodes), group.gpus)
+            args = ["--address", f"127.0.0.1:{gcs_port}", "--num-cpus", str(int(group.cpus)),
+                    "--num-gpus", str(group.gpus), "--object-store-memory", str(max(store, 80 * 2**20)),
+                    "--labels", labels(plan, group.name)]
+            if group.memory:
+                args += ["--memory", str(group.memory)]
+            if group.resources:
+                args += ["--resources", json.dumps(group.resources)]
+            nodes.append(NodePlan(name, "worker", plan, args))
+    for node in nodes:
+        node.args = ["start", "--block", "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
+                     "--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
+                     *node.args]
+    return nodes
+
+
+def check_ports(nodes: list[NodePlan]) -> None:
+    """The fixed exporter and progress ports must be distinct and free before anything starts."""
+    planned = [port for node in nodes for port in (node.exporter.port, node.exporter.progress_port)]
+    if len(set(planned)) != len(planned):
+        raise PortInUse("exporter_port: with progress_port, it gives two nodes the same port (node i uses "
+                        "exporter_port + 2i and progress_port + 2i); pick bases that differ by an odd number")
+    for node in nodes:
+        for what, port in (("exporter_port", node.exporter.port), ("progress_port", node.exporter.progress_port)):
+            if not _port_free(port):
+                flag = "--" + what.replace("_", "-")
+                raise PortInUse(f"{what}: port {port} ({node.name}'s exporter) is in use; pass {flag} with a free "
+                                "base port (node i uses base + 2i), or `launcher down` a kept cluster")
+
+
+def _get_json(url: str, token: str, timeout: float = 2.0) -> object:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalCluster:
+    """Start with `start()`, end with `teardown()`; `record` describes the running cluster."""
+
+    def __init__(self, spec: JobSpec, name: str, reporter: Reporter, cancel: threading.Event | None = None,
+                 kept: bool = False, defer_exporters: bool = False) -> None:
+        self.spec = spec
+        self.name = name
+        self.reporter = reporter
+        self.cancel = cancel or threading.Event()
+        self.kept = kept
+        self.record: ClusterRecord | None = None
+        self._processes: list[tuple[subprocess.Popen, ProcessRef]] = []
+        self._nodes: list[NodePlan] = []
+        self._defer_exporters = defer_exporters
+        self._exporters_started = False
+
+    @classmethod
+    def adopt(cls, record: ClusterRecord, reporter: Reporter, cancel: threading.Event | None = None) -> LocalCluster:
+        """A cluster started by an earlier launcher process, from its record (for its teardown)."""
+        cluster = cls(JobSpec(entrypoint="true"), record.name, reporter, cancel, kept=record.kept)  # spec: unused
+        cluster.record = record
+        cluster._exporters_started = True  # they were started with it, or are not coming back
+        return cluster
+
+    # --- start -------------------------------------------------------------------------------
+
+    def start(self) -> ClusterRecord:
+        """Start every node and exporter and wait until Ray lists every node alive. On any failure
+        or cancel, whatever started is torn down before the exception leaves."""
+        gcs_port, dashboard_port = _free_port(), _free_port()
+        nodes = self._nodes = plan_nodes(self.spec, self.name, gcs_port, dashboard_port)
+        check_ports(nodes)
+        if cluster_dir(self.name).joinpath("cluster.json").exists():
+            raise PortInUse(f"cluster: a cluster named {self.name!r} is already running; `launcher down {self.name}`")
+        token = secrets.token_hex(32)
+        token_path = write_token(self.name, token)
+        temp_dir = tempfile.mkdtemp(prefix="rp-")  # short: Ray's socket paths must stay under 107 bytes
+        self.record = ClusterRecord(
+            name=self.name, address=f"http://127.0.0.1:{dashboard_port}", gcs_address=f"127.0.0.1:{gcs_port}",
+            token_path=str(token_path), temp_dir=temp_dir, tag=f"{self.name}-{secrets.token_hex(4)}", kept=self.kept,
+            exporters=[ExporterRef(node=n.name, role=n.role, url=n.exporter.url, progress_url=n.exporter.progress_url,
+                                   gpu_control=n.exporter.gpu_control) for n in nodes])
+        self.record.save()
+        started = time.monotonic()
+        try:
+            self._start_nodes(nodes, token_path)
+        except BaseException as exc:
+            keep_logs = isinstance(exc, ClusterError)
+            self.teardown(quiet=True, keep_temp=keep_logs)
+            audit.record("cluster.up", "cancelled" if isinstance(exc, Cancelled) else f"error: {exc}",
+                         cluster=self.name, logs=temp_dir if keep_logs else None)
+            raise
+        audit.record("cluster.up", "ok", cluster=self.name, nodes=len(nodes), address=self.record.address,
+                     seconds=round(time.monotonic() - started, 2), kept=self.kept)
+        return self.record
+
+    def _environment(self, token_path: Path, node: NodePlan) -> dict[str, str]:
+        env = {key: value for key, value in os.environ.items()
+               if key not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN", "RAYPULSE_PROGRESS_URL")}
+        env.update({
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token_path),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # `python` in an entrypoint is this environment's Python, the one that has Ray.
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            TAG_ENV: self.record.tag,
+        })
+        if node.exporter.progress_url:
+            env["RAYPULSE_PROGRESS_URL"] = node.exporter.progress_url
+        return env
+
+    def _spawn(self, command: list[str], env: dict[str, str], log: Path, role: str, node: str) -> subprocess.Popen:
+        with log.open("ab") as out:
+            process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        ref = ProcessRef(pid=process.pid, create_time=psutil.Process(process.pid).create_time(), role=role, node=node)
+        self._processes.append((process, ref))
+        self.record.processes.append(ref)
+        self.record.save()
+        return process
+
+    def _start_nodes(self, nodes: list[NodePlan], token_path: Path) -> None:
+        temp = Path(self.record.temp_dir)
+        token = token_path.read_text()
+        ray = _ray_cli()
+        head, workers = nodes[0], nodes[1:]
+        ray_processes: dict[str, subprocess.Popen] = {}
+
+        def start_node(node: NodePlan, index: int) -> None:
+            self.reporter.step(node.name, f"starting {node.name}")
+            ray_processes[node.name] = self._spawn(
+                [ray, *node.args, "--temp-dir", str(temp / ("h" if node.role == "head" else f"w{index}"))],
+                self._environment(token_path, node), temp / f"{node.name}.log", node.role, node.name)
+
+        # All nodes start at once: a worker's `ray start` waits for the head's GCS by itself, and
+        # their Python start-up overlaps the head's. Each node has its own temp dir (nodes sharing
+        # one race for the same socket names).
+        start_node(head, 0)
+        for index, node in enumerate(workers, start=1):
+            start_node(node, index)
+        expected = {str(node.exporter.port): node.name for node in nodes}
+        alive: set[str] = set()
+        node_ips: dict[str, str] = {}
+
+        def all_alive() -> bool:
+            reply = _get_json(f"{self.record.address}/api/v0/nodes?detail=1&limit=1000", token)
+            for item in reply["data"]["result"]["result"]:
+                port = (item.get("labels") or {}).get(EXPORTER_PORT_LABEL)
+                if item.get("state") == "ALIVE" and port in expected and expected[port] not in alive:
+                    alive.add(expected[port])
+                    node_ips[expected[port]] = item.get("node_ip") or "127.0.0.1"
+                    self.reporter.done(expected[port], f"{expected[port]} alive")
+            return len(alive) == len(nodes)
+
+        self._wait(all_alive, ray_processes, temp, "every node to be alive")
+        for node in nodes:
+            node.exporter = dataclasses.replace(node.exporter, host=node_ips[node.name])
+        self.record.exporters = [ExporterRef(node=n.name, role=n.role, url=n.exporter.url,
+                                             progress_url=n.exporter.progress_url,
+                                             gpu_control=n.exporter.gpu_control) for n in nodes]
+        self.record.save()
+        if not self._defer_exporters:
+            self.start_exporters()
+
+    def start_exporters(self) -> None:
+        """One exporter per node, not awaited: nothing waits for metrics, and on a small machine
+        their start-up should not compete with the nodes' or the job's (submit() starts them once
+        the job runs). One that dies is reported at teardown with its log."""
+        if self.record is None or self._exporters_started:
+            return
+        self._exporters_started = True
+        temp, token_path = Path(self.record.temp_dir), Path(self.record.token_path)
+        for node in self._nodes:
+            self._spawn(node.exporter.command(), self._environment(token_path, node),
+                        temp / f"exporter-{node.name}.log", "exporter", node.name)
+
+    def report_dead_exporters(self) -> None:
+        for process, ref in self._processes:
+            if ref.role == "exporter" and process.poll() is not None:
+                log = Path(self.record.temp_dir) / f"exporter-{ref.node}.log"
+                self.reporter.warn(f"the exporter of {ref.node} exited early (code {process.returncode}); its log "
+                                   f"ends with:\n{_tail(log, 5)}")
+
+    def _wait(self, ready, ray_processes: dict[str, subprocess.Popen], temp: Path, what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.cancel.is_set():
+                raise Cancelled(f"interrupted while waiting for {what}")
+            for node, process in ray_processes.items():
+                if process.poll() is not None:
+                    raise ClusterError(f"{node} exited with code {process.returncode} while waiting for {what}; "
+                                       f"its log ({temp / f'{node}.log'}) ends with:\n{_tail(temp / f'{node}.log')}")
+            try:
+                if ready():
+                    return
+            except (OSError, urllib.error.URLError, ValueError, KeyError, TypeError):
+                pass  # not up yet
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out after {START_TIMEOUT_S:.0f}s waiting for {what}; logs in {temp}")
+            self.cancel.wait(POLL_S)
+
+    # --- teardown ----------------------------------------------------------------------------
+
+    def teardown(self, quiet: bool = False, keep_temp: bool = False) -> None:
+        """Stop every process of the cluster, then forget it."""
+        if self.record is None:
+            return
+        started = time.monotonic()
+        if not quiet:
+            self.report_dead_exporters()
+            self.reporter.step("teardown", f"tearing down cluster {self.name}")
+        left = stop_cluster_processes(self.record)
+        for process, _ in self._processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(1)  # reap our children
+        forget_cluster(self.record, keep_temp=keep_temp)
+        if not quiet:
+            self.reporter.done("teardown", f"cluster {self.name} torn down"
+                               + (f"; {left} process(es) needed SIGKILL" if left else ""))
+        audit.record("cluster.down", "ok", cluster=self.name, seconds=round(time.monotonic() - started, 2),
+                     killed=left or None)
+        self.record = None
+
+
+def _matching(ref: ProcessRef) -> psutil.Process | None:
+    try:
+        process = psutil.Process(ref.pid)
+        return process if abs(process.create_time() - ref.create_time) < 0.01 else None
+    except psutil.Error:
+        return None
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Live processes whose environment carries this cluster's tag (the launcher's own never does)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and process.status() != psutil.STATUS_ZOMBIE \
+                    and process.environ().get(TAG_ENV) == tag:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def stop_cluster_processes(record: ClusterRecord, grace: float = STOP_GRACE_S) -> int:
+    """SIGTERM the nodes and exporters (each `ray start --block` stops its node's Ray processes),
+    wait, then SIGKILL anything of the cluster still alive. Returns how many needed SIGKILL."""
+    processes = [process for process in map(_matching, record.processes) if process is not None]
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    # What remains: a node that ignored SIGTERM, or a Ray process that outlived its parent.
+    deadline = time.monotonic() + 5
+    stragglers = alive + tagged_processes(record.tag)
+    while stragglers and time.monotonic() < deadline:
+        time.sleep(0.2)
+        stragglers = [process for process in stragglers if _running(process)]
+    for process in stragglers:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(stragglers, timeout=5)
+    return len(stragglers)
+
+
+def forget_cluster(record: ClusterRecord, keep_temp: bool = False) -> None:
+    if not keep_temp:
+        shutil.rmtree(record.temp_dir, ignore_errors=True)
+    shutil.rmtree(record.directory, ignore_errors=True)

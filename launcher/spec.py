@@ -1,0 +1,331 @@
+"""The job spec: what to run, on what cluster, with which retries and deadlines.
+
+One pydantic model is the single description of a job. `launcher submit -f job.yaml` loads it from
+YAML, the command-line options fill the same fields (cli.SPEC_OPTIONS maps each option to its field),
+and every backend reads only this model. Validation errors name the field (`worker_groups[0].cpus`).
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib.metadata
+import re
+import secrets
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from launcher.entrypoint import EntrypointError, validate_entrypoint
+from launcher.errors import BadInput
+
+# Kubernetes DNS-1035 label (KubeRay's rule for RayJob names): names travel into RayJob, pod and
+# service names and into Ray submission ids.
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# Label keys become Prometheus label names (`label_<key>`) and `raypulse.io/<key>` pod labels.
+LABEL_KEY = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+# Label values must also be valid Kubernetes label values.
+LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+MAX_LABELS = 16
+MAX_RUN_ID = 47  # KubeRay's MaxRayJobNameLength (53 for a RayCluster name, minus the 6 it appends)
+MAX_NAME = MAX_RUN_ID - 9  # a new run's id is <name>-<8 hex>
+RESERVED_RESOURCES = {"CPU", "GPU", "memory", "object_store_memory"}
+
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+class SpecError(BadInput):
+    """A job spec that cannot be used; the message names the field and what is wrong."""
+
+
+def parse_memory(value: Any) -> int | None:
+    """Bytes from `4Gi`, `512Mi`, `2G`, `1.5Gi` or a plain number of bytes."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]i?)?[bB]?\s*", str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a memory size; use bytes or a unit such as 512Mi, 4Gi, 2G")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+
+
+def format_memory(size: int) -> str:
+    """The Kubernetes quantity for a size in bytes: `4Gi` when it divides evenly, else bytes."""
+    for suffix in ("Ti", "Gi", "Mi", "Ki"):
+        unit = _UNITS[suffix.lower()]
+        if size % unit == 0 and size >= unit:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
+Memory = Annotated[int | None, BeforeValidator(parse_memory), Field(ge=0)]
+Resources = dict[str, Annotated[float, Field(ge=0)]]
+
+
+def _check_resources(resources: dict[str, float]) -> dict[str, float]:
+    for name in resources:
+        if name in RESERVED_RESOURCES:
+            raise ValueError(f"{name!r} has its own field (cpus, gpus, memory); custom resources are other names")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.:/-]{0,62}", name):
+            raise ValueError(f"{name!r} is not a resource name (a letter, then letters, digits, _ . : / -)")
+    return resources
+
+
+def _dns_label(value: str, limit: int) -> str:
+    if not DNS_LABEL.match(value) or len(value) > limit:
+        raise ValueError(f"{value!r} must start with a letter, then lowercase letters, digits or '-', end "
+                         f"alphanumeric, at most {limit} characters")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RuntimeEnv(_Strict):
+    """Ray runtime environment: the job's third-party libraries and environment variables."""
+
+    pip: list[str] = Field(default_factory=list, description="pip requirements installed for the job")
+    env_vars: dict[str, str] = Field(default_factory=dict, description="environment variables of the job")
+
+    @field_validator("env_vars")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
+
+
+class HeadSpec(_Strict):
+    """The head node. It only runs the driver: Ray sees 0 CPUs and 0 GPUs there in every backend;
+    cpus/memory size its container on Kubernetes, resources are custom logical resources on it."""
+
+    cpus: float = Field(1, gt=0, description="CPUs of the head container (Kubernetes)")
+    memory: Memory = Field(2 * 2**30, description="memory of the head container (Kubernetes)")
+    resources: Resources = Field(default_factory=dict, description="custom logical resources on the head")
+
+    @field_validator("resources")
+    @classmethod
+    def _resource_names(cls, value: dict[str, float]) -> dict[str, float]:
+        return _check_resources(value)
+
+
+class WorkerGroup(_Strict):
+    """A group of identical workers; their Ray logical resources equal what they are given."""
+
+    name: str = Field("workers", description="group name (a DNS label)")
+    count: int = Field(1, ge=0, le=1000, description="number of workers")
+    cpus: float = Field(1, gt=0, description="CPUs per worker")
+    gpus: int = Field(0, ge=0, description="GPUs per worker")
+    memory: Memory = Field(None, description="memory per worker (bytes or 4Gi)")
+    resources: Resources = Field(default_factory=dict, description="custom logical resources per worker")
+
+    @field_validator("resources")
+    @classmethod
+    def _resource_names(cls, value: dict[str, float]) -> dict[str, float]:
+        return _check_resources(value)
+
+    @field_validator("name")
+    @classmethod
+    def _dns(cls, value: str) -> str:
+        return _dns_label(value, 30)
+
+
+Backend = Literal["local", "existing", "kuberay"]
+
+
+def _default_user() -> str:
+    user = re.sub(r"[^A-Za-z0-9_.-]", "-", getpass.getuser()).strip("-_.")[:63]
+    return user or "unknown"
+
+
+def _default_image() -> str:
+    return f"rayproject/ray:{importlib.metadata.version('ray')}"
+
+
+class JobSpec(_Strict):
+    """A Ray training job and where it runs. See README's launcher section for every field."""
+
+    name: str = Field("job", description="job name (lowercase DNS label)")
+    entrypoint: str = Field(description="one shell command line")
+    working_dir: str | None = Field(None, description="local directory uploaded with the job, or a remote URI")
+    runtime_env: RuntimeEnv = Field(default_factory=RuntimeEnv)
+    head: HeadSpec = Field(default_factory=HeadSpec)
+    worker_groups: list[WorkerGroup] = Field(default_factory=lambda: [WorkerGroup()])
+    max_retries: int = Field(0, ge=0, le=100, description="failed attempts retried as new attempts")
+    retry_backoff_seconds: float = Field(10, ge=0, description="wait before the first retry; doubles each time")
+    retry_backoff_max_seconds: float = Field(300, ge=0, description="longest wait between attempts")
+    active_deadline_seconds: int | None = Field(None, ge=1, description="stop the job after this long overall")
+    pre_running_deadline_seconds: int | None = Field(None, ge=1, description="stop an attempt not RUNNING by then")
+    workspace: str = Field("default", description="workspace label")
+    user: str = Field(default_factory=_default_user, description="user label (default: the login name)")
+    labels: dict[str, str] = Field(default_factory=dict, description="other bounded labels")
+    image: str = Field(default_factory=_default_image, description="container image (Kubernetes)")
+    run_id: str | None = Field(None, description="idempotency key of the run; attempts are <run_id>-a<N>")
+    backend: Backend | None = Field(None, description="local (default), existing (--address/--cluster), kuberay")
+    address: str | None = Field(None, description="dashboard URL of an existing Ray cluster")
+    cluster: str | None = Field(None, description="a kept local cluster (launcher up / --keep-cluster)")
+    keep_cluster: bool = Field(False, description="leave the local cluster running after the job")
+    simulate_gpus: bool = Field(False, description="local workers' exporters simulate their GPUs")
+    exporter_port: int = Field(9477, ge=1024, le=65000, description="head exporter port; local node i: +2i")
+    progress_port: int = Field(9478, ge=1024, le=65000, description="head progress port; local node i: +2i")
+    token_path: Path | None = Field(None, description="file holding the Ray auth token of an existing cluster")
+    namespace: str = Field("default", description="Kubernetes namespace")
+    queue: str | None = Field(None, description="Kueue LocalQueue name")
+    exporter_image: str | None = Field(None, description="exporter sidecar image (default: image)")
+
+    @field_validator("name")
+    @classmethod
+    def _dns_name(cls, value: str) -> str:
+        return _dns_label(value, MAX_NAME)
+
+    @field_validator("run_id", "cluster")
+    @classmethod
+    def _dns_id(cls, value: str | None) -> str | None:
+        return value if value is None else _dns_label(value, MAX_RUN_ID)
+
+    @field_validator("namespace", "queue")
+    @classmethod
+    def _kubernetes_name(cls, value: str | None) -> str | None:
+        if value is not None and (not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value) or len(value) > 63):
+            raise ValueError(f"{value!r} is not a Kubernetes name (lowercase letters, digits, '-'; at most 63)")
+        return value
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _one_command_line(cls, value: str) -> str:
+        try:
+            return validate_entrypoint(value)
+        except EntrypointError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("workspace", "user")
+    @classmethod
+    def _label_value(cls, value: str) -> str:
+        if not LABEL_VALUE.match(value):
+            raise ValueError(f"{value!r} must be 1-63 letters, digits, '-', '_' or '.', alphanumeric at both ends")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_LABELS:
+            raise ValueError(f"at most {MAX_LABELS} labels (they become metric labels)")
+        for key, label in value.items():
+            if not LABEL_KEY.match(key):
+                raise ValueError(f"label key {key!r} must be snake_case: a-z first, then a-z, 0-9, _")
+            if key in ("workspace", "user", "job_name", "run_id", "attempt"):
+                raise ValueError(f"label key {key!r} is reserved; use the {key} field")
+            if not LABEL_VALUE.match(label):
+                raise ValueError(f"label {key}={label!r}: the value must be 1-63 letters, digits, '-', '_' or '.', "
+                                 "alphanumeric at both ends")
+        return value
+
+    @field_validator("worker_groups")
+    @classmethod
+    def _unique_groups(cls, value: list[WorkerGroup]) -> list[WorkerGroup]:
+        names = [group.name for group in value]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"group names must be unique; repeated: {', '.join(duplicates)}")
+        return value
+
+    @model_validator(mode="after")
+    def _backend_fields(self) -> JobSpec:
+        backend = self.resolved_backend
+        only = {"address": ("existing",), "cluster": ("existing",), "token_path": ("existing",),
+                "keep_cluster": ("local", "kuberay"), "simulate_gpus": ("local",), "queue": ("kuberay",),
+                "exporter_image": ("kuberay",)}
+        for field, backends in only.items():
+            if getattr(self, field) not in (None, False) and backend not in backends:
+                raise ValueError(f"{field}: applies to backend {' or '.join(backends)} only; this job's backend "
+                                 f"is {backend}")
+        if self.address and self.cluster:
+            raise ValueError("address: give either address or cluster, not both")
+        if backend == "existing" and not (self.address or self.cluster):
+            raise ValueError("address: backend 'existing' needs address (a dashboard URL) or cluster (a kept one)")
+        if self.simulate_gpus and not any(group.gpus and group.count for group in self.worker_groups):
+            raise ValueError("simulate_gpus: no worker has GPUs to simulate; set worker_groups[].gpus (--worker-gpus)")
+        if self.queue and self.keep_cluster:
+            raise ValueError("queue: Kueue admits a RayJob only when its cluster shuts down after the job")
+        if self.address and not re.match(r"^https?://[^/\s]+/?$", self.address):
+            raise ValueError(f"address: {self.address!r} is not a dashboard URL like http://head:8265")
+        return self
+
+    @property
+    def resolved_backend(self) -> Backend:
+        if self.backend is not None:
+            return self.backend
+        return "existing" if self.address or self.cluster else "local"
+
+    @property
+    def max_attempts(self) -> int:
+        return self.max_retries + 1
+
+    @property
+    def worker_count(self) -> int:
+        return sum(group.count for group in self.worker_groups)
+
+    def with_run_id(self) -> JobSpec:
+        """This spec with a run id: the given one, or `<name>-<8 hex>` for a new run."""
+        if self.run_id:
+            return self
+        return self.model_copy(update={"run_id": f"{self.name}-{secrets.token_hex(4)}"})
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part not in ("function-after", "function-before") and not str(part).startswith("function-"):
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def format_validation_error(error: ValidationError, source: str = "job spec") -> str:
+    """One line per problem, each starting with the field's path."""
+    lines = []
+    for item in error.errors():
+        where = _location(item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown field (check the spelling; see README's launcher section for the fields)"
+        elif item["type"] == "missing":
+            message = "required"
+        # Model-level checks name their field first ("address: ..."); put it where a field goes.
+        if not where and ": " in message and message.split(": ", 1)[0].isidentifier():
+            where, message = message.split(": ", 1)
+        lines.append(f"{source}: {where or '(top level)'}: {message}")
+    return "\n".join(lines)
+
+
+def build_spec(data: dict[str, Any], source: str = "job spec") -> JobSpec:
+    """A validated JobSpec, or SpecError with every problem on its own line."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(exc, source)) from None
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML job spec file (validated later, together with command-line options)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the job spec: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a job spec is a YAML mapping of fields (name, entrypoint, ...)")
+    return data

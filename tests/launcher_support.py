@@ -1,0 +1,118 @@
+"""Helpers (no tests) for the launcher's end-to-end tests: run `launcher` as a real process with its
+own RAYPULSE_HOME, pick free port bases, and find every process a cluster left behind.
+
+Tests that start Ray run under `flock /tmp/raypulse-ray.lock` (see README)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+def free_base(nodes: int) -> tuple[int, int]:
+    """Exporter and progress port bases whose 2 * nodes ports (node i: base + 2i, base + 1 + 2i)
+    are all free now."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000, 2)
+        ports = range(base, base + 2 * nodes)
+        if all(_free(port) for port in ports):
+            return base, base + 1
+    raise RuntimeError("no free port range")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
+def env_for(home: Path, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
+    return {**env, "RAYPULSE_HOME": str(home), **extra}
+
+
+def launcher(*args: str, home: Path, timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=home,
+                          env=env_for(home, **extra_env), timeout=timeout)
+
+
+def start_launcher(*args: str, home: Path, **extra_env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "launcher", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=home, env=env_for(home, **extra_env))
+
+
+def status_json(run_id: str, home: Path, *args: str, **extra_env: str) -> dict[str, Any]:
+    result = launcher("status", run_id, "--output", "json", *args, home=home, **extra_env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def audit_actions(home: Path) -> list[dict[str, Any]]:
+    path = home / "audit.log"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def live(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those still running (zombies are gone already, only not yet reaped by their parent)."""
+    alive = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except psutil.Error:
+            continue
+    return alive
+
+
+def cluster_processes(cluster: str) -> list[psutil.Process]:
+    """Every live process of a launcher-started cluster: they carry RAYPULSE_CLUSTER_TAG=<name>-<hex>."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            tag = process.environ().get("RAYPULSE_CLUSTER_TAG", "")
+            if tag.startswith(f"{cluster}-") and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def describe(processes: list[psutil.Process]) -> list[str]:
+    names = []
+    for process in processes:
+        try:
+            names.append(f"{process.pid} {' '.join(process.cmdline())[:120]}")
+        except psutil.Error:
+            continue
+    return names
+
+
+def kind(process: psutil.Process) -> str:
+    """raylet, gcs_server, exporter, ray-start, ray:: (a Ray worker), dashboard or other: what the
+    SIGINT test counts."""
+    try:
+        name = process.name()
+        line = " ".join(process.cmdline())
+    except psutil.Error:
+        return "gone"
+    if name in ("raylet", "gcs_server"):
+        return name
+    if "-m exporter serve" in line:
+        return "exporter"
+    if "/ray start " in line:
+        return "ray-start"
+    if name.startswith("ray::") or line.startswith("ray::"):
+        return "ray::"
+    return "dashboard" if "dashboard" in line else "other"

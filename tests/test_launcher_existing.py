@@ -1,0 +1,137 @@
+"""`launcher --address`: submission to a Ray cluster the test starts itself with plain `ray start`
+(token auth on), through the Jobs API only; and the checks made before submitting (token, Ray
+version). Run under `flock /tmp/raypulse-ray.lock`."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import free_port, http_get, wait_until
+from tests.launcher_support import cluster_processes, launcher, status_json
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@dataclass
+class ExistingCluster:
+    address: str
+    token: str
+    token_path: Path
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[ExistingCluster]:
+    """A one-node Ray cluster (1 CPU) started by hand, as someone else would have."""
+    token = secrets.token_hex(32)
+    token_path = tmp_path_factory.mktemp("token") / "token"
+    token_path.write_text(token)
+    temp = tempfile.mkdtemp(prefix="rpt-")
+    dashboard = free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "RAYPULSE_CLUSTER_TAG": f"existing-{secrets.token_hex(3)}"}
+    env.pop("RAY_ADDRESS", None)
+    log = (Path(temp) / "head.log").open("wb")
+    head = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(free_port()),
+         "--dashboard-port", str(dashboard), "--dashboard-host", "127.0.0.1", "--ray-client-server-port",
+         str(free_port()), "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port",
+         str(free_port()), "--num-cpus", "1", "--object-store-memory", str(100 * 2**20), "--temp-dir", temp,
+         "--disable-usage-stats"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"http://127.0.0.1:{dashboard}"
+    auth = {"Authorization": f"Bearer {token}"}
+    wait_until(lambda: head.poll() is not None or http_get(address + "/api/jobs/", headers=auth)[0] == 200, 120,
+               "the Ray dashboard")
+    assert head.poll() is None, (Path(temp) / "head.log").read_text()
+    yield ExistingCluster(address, token, token_path)
+    children = psutil.Process(head.pid).children(recursive=True)
+    head.send_signal(signal.SIGTERM)
+    head.wait(60)
+    _, alive = psutil.wait_procs(children, timeout=15)
+    for process in alive + cluster_processes("existing"):
+        process.kill()
+
+
+def test_submit_to_an_existing_cluster(cluster: ExistingCluster, tmp_path: Path):
+    result = launcher("submit", "--address", cluster.address, "--token-path", str(cluster.token_path),
+                      "--run-id", "remote-1", "--name", "remote", "--", "python -c 'print(6 * 7)'", home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "42" in result.stdout
+    assert "run remote-1 SUCCEEDED after 1 attempt (exit 0)" in result.stderr
+    # Status, logs and list go through the same Jobs API (token from the environment this time).
+    record = status_json("remote-1", tmp_path, "--address", cluster.address, RAY_AUTH_TOKEN=cluster.token)
+    assert (record["state"], record["attempts"][0]["submission_id"]) == ("SUCCEEDED", "remote-1-a1")
+    logs = launcher("logs", "remote-1", "--address", cluster.address, home=tmp_path, RAY_AUTH_TOKEN=cluster.token)
+    assert logs.returncode == 0
+    assert "42" in logs.stdout
+    listed = launcher("list", "--address", cluster.address, "-o", "json", home=tmp_path, RAY_AUTH_TOKEN=cluster.token)
+    assert "remote-1" in {run["run_id"] for run in json.loads(listed.stdout)["runs"]}
+
+
+def test_stop_through_the_jobs_api(cluster: ExistingCluster, tmp_path: Path):
+    submit = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--address", cluster.address,
+                               "--run-id", "remote-stop", "--", "sleep 300"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RAYPULSE_HOME": str(tmp_path / "submitter"),
+                                   "RAY_AUTH_TOKEN": cluster.token})
+    wait_until(lambda: submit.poll() is not None or launcher(
+        "status", "remote-stop", "--address", cluster.address, "-o", "json", home=tmp_path,
+        RAY_AUTH_TOKEN=cluster.token).stdout.count('"RUNNING"') > 0, 90, "the job to run")
+    # Another machine (another RAYPULSE_HOME) stops it by run id through the cluster.
+    stopped = launcher("stop", "remote-stop", "--address", cluster.address, home=tmp_path,
+                       RAY_AUTH_TOKEN=cluster.token)
+    assert stopped.returncode == 0, stopped.stderr
+    assert submit.wait(60) == 3, submit.stderr.read()
+
+
+def test_without_the_token_nothing_is_submitted(cluster: ExistingCluster, tmp_path: Path):
+    assert http_get(cluster.address + "/api/jobs/")[0] == 401  # the Jobs API itself refuses
+    result = launcher("submit", "--address", cluster.address, "--run-id", "no-token", "--", "true", home=tmp_path)
+    assert result.returncode == 2
+    assert "token: the cluster at" in result.stderr
+    assert "requires a Ray auth token" in result.stderr
+    wrong = launcher("submit", "--address", cluster.address, "--run-id", "no-token", "--", "true", home=tmp_path,
+                     RAY_AUTH_TOKEN="not-the-token")
+    assert wrong.returncode == 2
+    assert "refused the token" in wrong.stderr
+    jobs = json.loads(http_get(cluster.address + "/api/jobs/",
+                               headers={"Authorization": f"Bearer {cluster.token}"})[2])
+    assert not any(job["submission_id"].startswith("no-token") for job in jobs)
+
+
+class _OldRay(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = json.dumps({"version": "4", "ray_version": "2.5.1"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_cluster_older_than_ray_2_6_is_refused(tmp_path: Path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OldRay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = launcher("submit", "--address", f"http://127.0.0.1:{server.server_port}", "--", "true",
+                          home=tmp_path)
+    finally:
+        server.shutdown()
+    assert result.returncode == 2
+    assert "runs Ray 2.5.1; the launcher needs Ray >= 2.6" in result.stderr

@@ -1,0 +1,285 @@
+"""`launcher submit` end to end on real local Ray clusters: a job that succeeds, one that fails and
+is retried, one past its deadline, a stop, an idempotent re-submission, the Jobs API refusing a
+request without the token, and SIGINT/SIGTERM leaving no Ray or exporter process behind.
+
+Most tests share one kept cluster (`launcher up`); the tests about a cluster's whole life (start,
+teardown, interrupts) start their own. Run under `flock /tmp/raypulse-ray.lock`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import http_get, wait_until
+from tests.launcher_support import (
+    audit_actions,
+    cluster_processes,
+    describe,
+    free_base,
+    kind,
+    launcher,
+    live,
+    start_launcher,
+    status_json,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+# A multi-line Python script inside single quotes: one command line (the newlines are quoted).
+INLINE_JOB = """echo 'import os, ray
+ray.init()
+
+@ray.remote(num_cpus=1)
+def square(x):
+    return x * x, os.environ.get("RAYPULSE_PROGRESS_URL"), ray.get_runtime_context().get_node_id()
+
+results = ray.get([square.remote(i) for i in range(20)])
+print("sum of squares", sum(value for value, _, _ in results))
+print("progress urls", sorted({url for _, url, _ in results}))
+print("worker nodes", len({node for _, _, node in results}))
+print("attempt", os.environ["RAYPULSE_ATTEMPT"], "of run", os.environ["RAYPULSE_RUN_ID"])
+' > job.py && python job.py"""
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("raypulse-home")
+
+
+@pytest.fixture(scope="module")
+def kept(home: Path) -> Iterator[dict]:
+    """One cluster (head + 1 worker) for the tests that only need somewhere to run jobs."""
+    exporter_port, progress_port = free_base(2)
+    result = launcher("up", "--name", "shared", "--workers", "1", "--exporter-port", str(exporter_port),
+                      "--progress-port", str(progress_port), home=home)
+    assert result.returncode == 0, result.stderr
+    record = json.loads((home / "clusters" / "shared" / "cluster.json").read_text())
+    yield record
+    result = launcher("down", "shared", home=home)
+    assert result.returncode == 0, result.stderr
+    assert not cluster_processes("shared"), describe(cluster_processes("shared"))
+
+
+def ray_jobs(record: dict) -> list[dict]:
+    """The cluster's jobs, straight from the Jobs API with the cluster's token."""
+    token = Path(record["token_path"]).read_text()
+    status, _, body = http_get(record["address"] + "/api/jobs/", headers={"Authorization": f"Bearer {token}"})
+    assert status == 200
+    return json.loads(body)
+
+
+# --- a whole cluster life ----------------------------------------------------------------------
+
+
+def test_job_succeeds_with_its_output_and_the_cluster_is_gone(home: Path):
+    exporter_port, progress_port = free_base(3)
+    result = launcher("submit", "--name", "squares", "--run-id", "squares-1", "--workers", "2",
+                      "--exporter-port", str(exporter_port), "--progress-port", str(progress_port), "--label",
+                      "team=infra", "--", INLINE_JOB, home=home)
+    assert result.returncode == 0, result.stderr
+    assert "sum of squares 2470" in result.stdout  # the job's own output, on stdout
+    # Each worker node's processes report progress to their own node's exporter.
+    assert f"progress urls ['http://127.0.0.1:{progress_port + 2}', 'http://127.0.0.1:{progress_port + 4}']" \
+        in result.stdout
+    assert "worker nodes 2" in result.stdout
+    assert "attempt 1 of run squares-1" in result.stdout
+    assert "run squares-1 SUCCEEDED after 1 attempt (exit 0)" in result.stderr
+    assert "cluster squares-1 torn down" in result.stderr
+    assert not cluster_processes("squares-1"), describe(cluster_processes("squares-1"))
+    assert not (home / "clusters" / "squares-1").exists()
+
+    record = status_json("squares-1", home)
+    assert (record["state"], record["exit_code"], len(record["attempts"])) == ("SUCCEEDED", 0, 1)
+    assert record["attempts"][0]["running_at"] is not None
+    logs = launcher("logs", "squares-1", home=home)  # kept with the run after the cluster is gone
+    assert logs.returncode == 0
+    assert "sum of squares 2470" in logs.stdout
+    actions = [(line["action"], line["result"]) for line in audit_actions(home) if line.get("cluster") == "squares-1"
+               or line.get("run_id") == "squares-1"]
+    assert actions == [("cluster.up", "ok"), ("attempt.submit", "ok"), ("run.finish", "SUCCEEDED"),
+                       ("cluster.down", "ok")]
+
+
+def test_sigint_mid_job_stops_it_and_leaves_no_process(home: Path):
+    exporter_port, progress_port = free_base(2)
+    process = start_launcher("submit", "--run-id", "interrupted", "--workers", "1", "--exporter-port",
+                             str(exporter_port), "--progress-port", str(progress_port), "--",
+                             "python -c 'import time; print(\"training\", flush=True); time.sleep(600)'", home=home)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+    reader.start()
+    wait_until(lambda: any("attempt 1/1 RUNNING" in line for line in lines) or process.poll() is not None, 120,
+               "the job to run")
+    assert process.poll() is None, "".join(lines)
+    wait_until(lambda: {"exporter", "raylet", "gcs_server"} <= {kind(p) for p in cluster_processes("interrupted")},
+               30, "the exporters to start")
+    by_pid = {p.pid: p for p in cluster_processes("interrupted") + psutil.Process(process.pid).children(recursive=True)}
+    processes = list(by_pid.values())
+    counted = {name: sum(1 for p in processes if kind(p) == name) for name in ("raylet", "exporter", "ray-start")}
+    assert counted == {"raylet": 2, "exporter": 2, "ray-start": 2}, describe(processes)
+
+    process.send_signal(signal.SIGINT)
+    assert process.wait(90) == 3
+    reader.join(5)
+    text = "".join(lines)
+    assert "stopping attempt 1 (stop requested)" in text
+    assert "run interrupted STOPPED" in text
+    time.sleep(0.5)
+    assert not live(processes), describe(live(processes))
+    assert not cluster_processes("interrupted")
+    assert status_json("interrupted", home)["attempts"][0]["status"] == "STOPPED"
+
+
+def test_sigterm_while_the_cluster_starts_stops_before_submitting(home: Path):
+    exporter_port, progress_port = free_base(2)
+    process = start_launcher("submit", "--run-id", "early-term", "--workers", "1", "--exporter-port",
+                             str(exporter_port), "--progress-port", str(progress_port), "--", "sleep 600", home=home)
+    wait_until(lambda: any(kind(p) == "raylet" for p in cluster_processes("early-term")), 60, "a raylet")
+    processes = psutil.Process(process.pid).children(recursive=True)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(90) == 3, process.stderr.read()
+    assert "STOPPED before its job was submitted" in process.stderr.read()
+    time.sleep(0.5)
+    assert not live(processes), describe(live(processes))
+    assert not cluster_processes("early-term")
+    assert status_json("early-term", home)["attempts"] == []
+
+
+# --- jobs on a shared kept cluster ----------------------------------------------------------------
+
+
+def test_failed_job_is_retried_and_attempts_show_in_status_and_metrics(home: Path, kept: dict):
+    result = launcher("submit", "--cluster", "shared", "--name", "flaky", "--run-id", "flaky-1", "--max-retries",
+                      "1", "--retry-backoff", "1", "--workspace", "research", "--label", "team=nlp", "--",
+                      "echo attempt $RAYPULSE_ATTEMPT; exit 3", home=home)
+    assert result.returncode == 1, result.stderr
+    assert "attempt 1 failed; attempt 2 in 1s" in result.stderr
+    assert "run flaky-1 FAILED after 2 attempts (exit 1)" in result.stderr
+    assert "attempt 1" in result.stdout
+    assert "attempt 2" in result.stdout
+
+    record = status_json("flaky-1", home)
+    assert [(a["attempt"], a["submission_id"], a["status"], a["driver_exit_code"]) for a in record["attempts"]] == [
+        (1, "flaky-1-a1", "FAILED", 3), (2, "flaky-1-a2", "FAILED", 3)]
+    text = launcher("status", "flaky-1", home=home).stdout
+    assert re.search(r"1\s+flaky-1-a1\s+FAILED", text)
+    assert re.search(r"2\s+flaky-1-a2\s+FAILED", text)
+    # The cluster itself knows the attempts (status straight from it, no local record needed).
+    from_cluster = status_json("flaky-1", home, "--cluster", "shared")
+    assert [a["status"] for a in from_cluster["attempts"]] == ["FAILED", "FAILED"]
+    # Ray job metadata, which the exporter turns into labels.
+    metadata = {job["submission_id"]: job["metadata"] for job in ray_jobs(kept)
+                if job["submission_id"].startswith("flaky-1")}
+    assert metadata["flaky-1-a2"] == {
+        "raypulse.job_name": "flaky", "raypulse.run_id": "flaky-1", "raypulse.attempt": "2",
+        "raypulse.max_attempts": "2", "raypulse.workspace": "research", "raypulse.user": metadata["flaky-1-a2"][
+            "raypulse.user"], "raypulse.label.team": "nlp"}
+    head_exporter = kept["exporters"][0]["url"]
+
+    def attempt_series() -> bool:
+        with urllib.request.urlopen(head_exporter + "/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return bool(re.search(r'raypulse_job_attempt\{[^}]*submission_id="flaky-1-a2"[^}]*\} 2(\.0)?\n', text))
+
+    wait_until(attempt_series, 60, "the head exporter to show attempt 2 of flaky-1")
+
+
+def test_past_active_deadline_is_stopped_exit_4(home: Path, kept: dict):
+    started = time.monotonic()
+    result = launcher("submit", "--cluster", "shared", "--run-id", "slow-1", "--active-deadline-seconds", "4",
+                      "--", "sleep 120", home=home)
+    assert result.returncode == 4, result.stderr
+    assert time.monotonic() - started < 60
+    assert "stopping attempt 1 (active_deadline_seconds (4s) passed)" in result.stderr
+    record = status_json("slow-1", home)
+    assert (record["state"], record["exit_code"]) == ("DEADLINE_EXCEEDED", 4)
+    assert record["attempts"][0]["status"] == "STOPPED"
+
+
+class _Stalling(BaseHTTPRequestHandler):
+    """Accepts the working_dir download and never answers: the attempt stays PENDING."""
+
+    def do_GET(self) -> None:
+        time.sleep(60)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_attempt_not_running_by_pre_running_deadline_exit_4(home: Path, kept: dict):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stalling)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = launcher("submit", "--cluster", "shared", "--run-id", "stuck-1", "--pre-running-deadline-seconds",
+                          "5", "--working-dir", f"http://127.0.0.1:{server.server_port}/code.zip", "--", "true",
+                          home=home)
+    finally:
+        server.shutdown()
+    assert result.returncode == 4, result.stderr
+    assert "pre_running_deadline_seconds (5s) passed before the job was RUNNING" in result.stderr
+    record = status_json("stuck-1", home)
+    assert record["state"] == "DEADLINE_EXCEEDED"
+    assert record["attempts"][0]["running_at"] is None
+
+
+def test_resubmitting_a_run_id_follows_it_instead_of_running_again(home: Path, kept: dict):
+    first = launcher("submit", "--cluster", "shared", "--run-id", "once-1", "--", "echo ran once", home=home)
+    assert first.returncode == 0, first.stderr
+    again = launcher("submit", "--cluster", "shared", "--run-id", "once-1", "--", "echo ran once", home=home)
+    assert again.returncode == 0, again.stderr
+    assert "already has attempt 1 (once-1-a1, SUCCEEDED); following it instead of submitting again" in again.stderr
+    assert [job["submission_id"] for job in ray_jobs(kept)].count("once-1-a1") == 1
+    assert not any(job["submission_id"] == "once-1-a2" for job in ray_jobs(kept))
+
+
+def test_stop_command_stops_the_run_and_its_submit_exits_3(home: Path, kept: dict):
+    process = start_launcher("submit", "--cluster", "shared", "--run-id", "stopme-1", "--max-retries", "2", "--",
+                             "sleep 300", home=home)
+    wait_until(lambda: (home / "runs" / "stopme-1" / "run.json").exists()
+               and json.loads((home / "runs" / "stopme-1" / "run.json").read_text())["state"] == "RUNNING", 90,
+               "the run to be RUNNING")
+    result = launcher("stop", "stopme-1", home=home)
+    assert result.returncode == 0, result.stderr
+    assert "stopped stopme-1-a1" in result.stderr
+    assert process.wait(60) == 3, process.stderr.read()
+    record = status_json("stopme-1", home)
+    assert (record["state"], len(record["attempts"])) == ("STOPPED", 1)  # no retry after a stop
+
+
+def test_jobs_api_refuses_requests_without_the_token(home: Path, kept: dict):
+    assert http_get(kept["address"] + "/api/jobs/")[0] == 401
+    assert http_get(kept["address"] + "/api/jobs/", headers={"Authorization": "Bearer wrong"})[0] == 403
+    refused = launcher("list", "--address", kept["address"], home=home)
+    assert refused.returncode == 2
+    assert "requires a Ray auth token" in refused.stderr
+    listed = launcher("list", "--address", kept["address"], "--output", "json", home=home,
+                      RAY_AUTH_TOKEN_PATH=kept["token_path"])
+    assert listed.returncode == 0, listed.stderr
+    assert "flaky-1" in {run["run_id"] for run in json.loads(listed.stdout)["runs"]}
+
+
+def test_python_api_submits_and_waits(home: Path, kept: dict, monkeypatch):
+    import launcher
+
+    monkeypatch.setenv("RAYPULSE_HOME", str(home))
+    with launcher.submit({"name": "api", "run_id": "api-1", "cluster": "shared",
+                          "entrypoint": "python -c 'print(\"from the api\")'"}) as handle:
+        assert handle.status().attempts[0].submission_id == "api-1-a1"
+        record = handle.wait()
+        assert (record.state, record.exit_code) == ("SUCCEEDED", launcher.ExitCode.SUCCEEDED)
+        assert "from the api" in handle.logs()
+    assert launcher.status("api-1").state == "SUCCEEDED"
+    with pytest.raises(launcher.BadInput, match="cluster: no running local cluster named 'nope'"):
+        launcher.submit({"entrypoint": "true", "cluster": "nope"})

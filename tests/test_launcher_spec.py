@@ -1,0 +1,254 @@
+"""The job spec and the command line that fills it: validation that names the field, the one
+command line rule for entrypoints, and bad input refused with exit 2 before anything starts.
+No Ray cluster is started here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from launcher import audit
+from launcher.cli import SPEC_OPTIONS, main, parse_worker_group, spec_from_options
+from launcher.entrypoint import EntrypointError, validate_entrypoint
+from launcher.spec import JobSpec, SpecError, build_spec, format_memory, parse_memory
+from tests.conftest import REPO, free_port
+
+META_OPTIONS = {"file"}  # submit's options that are not spec fields
+
+
+def leaf_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """Every field path of the spec, nested models (and lists of them) expanded."""
+    paths = set()
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        inner = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else annotation
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            paths |= leaf_fields(inner, f"{prefix}{name}{'[]' if inner is not annotation else ''}.")
+        else:
+            paths.add(prefix + name)
+    return paths
+
+
+def test_every_submit_option_is_a_spec_field_and_every_field_has_an_option():
+    submit = main.commands["submit"]
+    params = {param.name for param in submit.params} - META_OPTIONS
+    assert params == set(SPEC_OPTIONS), "a submit option without a spec field, or a stale mapping entry"
+    leaves = leaf_fields(JobSpec)
+    covered = {leaf for leaf in leaves for path in SPEC_OPTIONS.values() if leaf == path or leaf.startswith(path)}
+    assert covered == leaves, f"spec fields without a command-line option: {sorted(leaves - covered)}"
+    for path in SPEC_OPTIONS.values():
+        assert any(leaf == path or leaf.startswith(path) for leaf in leaves), f"{path} is not a spec field"
+
+
+def test_flags_and_a_spec_file_give_the_same_spec(tmp_path: Path):
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump({
+        "name": "mnist", "entrypoint": "python train.py --epochs 2", "max_retries": 2,
+        "worker_groups": [{"count": 3, "cpus": 2, "gpus": 1, "memory": "4Gi", "resources": {"accel": 1}}],
+        "runtime_env": {"pip": ["numpy"], "env_vars": {"A": "1"}}, "labels": {"team": "vision"},
+    }))
+    from_file = spec_from_options(spec_file, {})
+    from_flags = spec_from_options(None, {
+        "name": "mnist", "command": ("python", "train.py", "--epochs", "2"), "max_retries": 2, "workers": 3,
+        "worker_cpus": 2.0, "worker_gpus": 1, "worker_memory": "4Gi", "worker_resource": ("accel=1",),
+        "pip": ("numpy",), "env": ("A=1",), "label": ("team=vision",)})
+    assert from_file == from_flags
+    assert from_file.worker_groups[0].memory == 4 * 2**30
+    # Flags win over the file's fields.
+    assert spec_from_options(spec_file, {"workers": 5}).worker_groups[0].count == 5
+
+
+def test_worker_group_flag_uses_pai_dlc_role_syntax():
+    assert parse_worker_group("gpu:count=2,cpus=8,gpus=1,memory=32Gi,resource.accel=1") == {
+        "name": "gpu", "count": "2", "cpus": "8", "gpus": "1", "memory": "32Gi", "resources": {"accel": "1"}}
+    spec = spec_from_options(None, {"command": ("true",), "worker_group": ("cpu:count=2", "gpu:count=1,gpus=2")})
+    assert [(group.name, group.count, group.gpus) for group in spec.worker_groups] == [("cpu", 2, 0), ("gpu", 1, 2)]
+    with pytest.raises(SpecError, match="worker_groups: give either --worker-group or"):
+        spec_from_options(None, {"command": ("true",), "worker_group": ("cpu:count=2",), "workers": 3})
+
+
+@pytest.mark.parametrize(("size", "expected"), [("512Mi", 512 * 2**20), ("4Gi", 4 * 2**30), ("2G", 2 * 10**9),
+                                                ("1.5Gi", int(1.5 * 2**30)), (1024, 1024), ("100", 100)])
+def test_memory_sizes(size, expected):
+    assert parse_memory(size) == expected
+
+
+def test_memory_renders_as_kubernetes_quantity():
+    assert format_memory(4 * 2**30) == "4Gi"
+    assert format_memory(1536 * 2**20) == "1536Mi"
+    assert format_memory(1000) == "1000"
+
+
+@pytest.mark.parametrize(("data", "field", "words"), [
+    ({"entrypoint": "python a.py", "worker_groups": [{"cpus": -1}]}, "worker_groups[0].cpus", "greater than 0"),
+    ({"entrypoint": "python a.py", "worker_groups": [{"memry": "4Gi"}]}, "worker_groups[0].memry", "unknown field"),
+    ({"entrypoint": "python a.py", "worker_groups": [{"memory": "lots"}]}, "worker_groups[0].memory",
+     "not a memory size"),
+    ({"entrypoint": "python a.py", "name": "My Job"}, "name", "start with a letter"),
+    ({"entrypoint": "python a.py", "labels": {"Team": "x"}}, "labels", "snake_case"),
+    ({"entrypoint": "python a.py", "labels": {"team": "a b"}}, "labels", "team='a b'"),
+    ({"entrypoint": "python a.py", "head": {"resources": {"GPU": 1}}}, "head.resources", "own field"),
+    ({"entrypoint": "python a.py", "address": "http://h:8265", "keep_cluster": True}, "keep_cluster",
+     "applies to backend local or kuberay"),
+    ({"entrypoint": "python a.py", "simulate_gpus": True}, "simulate_gpus", "no worker has GPUs"),
+    ({"entrypoint": "python a.py", "backend": "kuberay", "queue": "q", "keep_cluster": True}, "queue", "Kueue"),
+    ({"entrypoint": "python a.py", "active_deadline_seconds": 0}, "active_deadline_seconds", "greater than"),
+    ({"entrypoint": "python a.py\npython b.py"}, "entrypoint", "line 2 (`python b.py`) starts another command"),
+    ({}, "entrypoint", "required"),
+])
+def test_spec_errors_name_the_field(data, field, words):
+    with pytest.raises(SpecError) as error:
+        build_spec(data)
+    assert f"job spec: {field}: " in str(error.value)
+    assert words in str(error.value)
+
+
+# --- the entrypoint: one shell command line --------------------------------------------------------
+
+INLINE_SCRIPT = """echo 'import sys
+total = sum(range(10))
+print("total", total)
+' > job.py && python job.py"""
+
+
+@pytest.mark.parametrize("command", [
+    "python train.py --lr 0.1",
+    "pip install -r requirements.txt && python train.py; echo done",
+    INLINE_SCRIPT,
+    'python -c "import os\nprint(os.getcwd())"',
+    "python train.py \\\n  --epochs 3",
+    "python train.py\n# a comment line is not a command",
+    "python train.py\n",  # YAML block scalars end with a newline
+])
+def test_one_command_line_is_accepted(command):
+    assert validate_entrypoint(command) == command.strip()
+
+
+@pytest.mark.parametrize(("command", "line"), [
+    ("python a.py\npython b.py", 2),
+    ("echo 'a\nb'\npython b.py", 3),
+    ("cd src\n\n  python b.py", 3),
+    ("python - <<EOF\nprint(1)\nEOF", 2),
+])
+def test_several_command_lines_are_refused_with_advice(command, line):
+    with pytest.raises(EntrypointError, match=f"line {line} .* starts another command line.*join commands with"):
+        validate_entrypoint(command)
+
+
+def test_unterminated_quote_is_refused():
+    with pytest.raises(EntrypointError, match="unterminated ' quote"):
+        validate_entrypoint("echo 'oops")
+
+
+arguments = st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                             min_size=1), min_size=1, max_size=5)
+
+
+@given(arguments)
+def test_any_quoted_command_is_one_line(args):
+    """Whatever its arguments hold (newlines included), a properly quoted command is one line."""
+    command = shlex.join(["python", *args])
+    assert validate_entrypoint(command) == command.strip()
+
+
+@given(st.lists(arguments, min_size=2, max_size=4))
+def test_commands_on_separate_lines_are_refused(commands):
+    lines = [shlex.join(["python", *args]) for args in commands]
+    second = lines[0].count("\n") + 2  # physical line where the second command starts
+    with pytest.raises(EntrypointError, match=f"line {second} "):
+        validate_entrypoint("\n".join(lines))
+
+
+# --- the command line refuses bad input before anything starts ------------------------------------
+
+
+def launcher(*args: str, home: Path, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAYPULSE_HOME": str(home), **kwargs.pop("env", {})}
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=60, **kwargs)
+
+
+def assert_nothing_started(home: Path, result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 2, result.stderr
+    assert not (home / "clusters").exists() or not any((home / "clusters").iterdir())
+    last = json.loads((home / "audit.log").read_text().splitlines()[-1])
+    assert last["result"] == "bad input"
+
+
+def test_several_command_lines_exit_2_and_start_nothing(tmp_path: Path):
+    result = launcher("submit", "--", "python prepare.py\npython train.py", home=tmp_path)
+    assert "entrypoint: line 2 (`python train.py`) starts another command line" in result.stderr
+    assert "join commands with `&&` or `;`" in result.stderr
+    assert_nothing_started(tmp_path, result)
+
+
+def test_broken_spec_file_exit_2_names_the_field(tmp_path: Path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: mnist\nentrypoint: python train.py\nworker_groups:\n  - count: 2\n    cpus: -4\n")
+    result = launcher("submit", "-f", str(spec), home=tmp_path)
+    assert f"{spec}: worker_groups[0].cpus: Input should be greater than 0" in result.stderr
+    assert_nothing_started(tmp_path, result)
+
+
+def test_not_yaml_exit_2(tmp_path: Path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: [unclosed\n")
+    result = launcher("submit", "-f", str(spec), home=tmp_path)
+    assert "not valid YAML" in result.stderr
+    assert_nothing_started(tmp_path, result)
+
+
+def test_a_taken_exporter_port_exit_2_before_any_node_starts(tmp_path: Path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = launcher("submit", "--exporter-port", str(port), "--progress-port", str(free_port()), "--", "true",
+                          home=tmp_path)
+    assert f"exporter_port: port {port} (head's exporter) is in use" in result.stderr
+    assert_nothing_started(tmp_path, result)
+
+
+def test_an_unreachable_cluster_exit_2(tmp_path: Path):
+    address = f"http://127.0.0.1:{free_port()}"
+    result = launcher("submit", "--address", address, "--", "true", home=tmp_path)
+    assert f"address: cannot reach the Ray dashboard at {address}" in result.stderr
+    assert_nothing_started(tmp_path, result)
+
+
+def test_a_missing_working_dir_exit_2(tmp_path: Path):
+    result = launcher("submit", "--working-dir", str(tmp_path / "nope"), "--", "python train.py", home=tmp_path)
+    assert f"working_dir: {tmp_path / 'nope'} is not a directory" in result.stderr
+    assert_nothing_started(tmp_path, result)
+
+
+def test_unknown_option_is_a_usage_error_not_part_of_the_command(tmp_path: Path):
+    result = launcher("submit", "--wokers", "2", "--", "python train.py", home=tmp_path)
+    assert result.returncode == 2
+    assert "No such option '--wokers'" in result.stderr
+
+
+def test_unknown_run_exit_2(tmp_path: Path):
+    result = launcher("status", "no-such-run", home=tmp_path)
+    assert result.returncode == 2
+    assert "run_id: no run 'no-such-run' is recorded here" in result.stderr
+
+
+def test_audit_lines_say_when_who_what_and_result(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("RAYPULSE_HOME", str(tmp_path))
+    audit.record("submit", "bad input", error="entrypoint: empty")
+    [line] = audit.read()
+    assert {"time", "user", "host", "action", "result"} <= set(line)
+    assert (line["action"], line["result"], line["error"]) == ("submit", "bad input", "entrypoint: empty")
