@@ -1,0 +1,6 @@
+"""raypulse's Prometheus alerting: rules as Python data, built into the YAML under alerts/rules/.
+
+`alerts.config` is the one place to tune (selectors, thresholds, `for` durations); `alerts.groups`
+holds one module per area; `python -m alerts.build` writes the rule files (and the drill variant);
+`alerts.stack` starts Prometheus and Alertmanager with them; `alerts.drill` is the fault drill.
+"""
