@@ -1,0 +1,134 @@
+"""Training stability: what Ray cannot see. A job whose processes are alive may have stopped
+stepping, slowed down, produced NaNs, or be held back by one slow rank; this board reads what
+the job reports through exporter.progress (raypulse_train_*) and the alerts about it."""
+
+from __future__ import annotations
+
+from dashboards.boards.common import RATE, TRAINING_ALERTS, UID_TRAINING, rate, to_gpu, to_job
+from dashboards.model import Board, Panel, Row, Target
+from dashboards.selectors import Scope
+
+S = Scope("cluster", "job")
+JOB = "{{submission_id}}"
+RANK = JOB + " rank {{rank}}"
+PER_JOB = "cluster, submission_id"
+BASELINE = "1h"  # throughput is compared with its average over this window
+
+
+def _throughput(family: str, window: str = RATE) -> str:
+    return f"sum by ({PER_JOB}) ({rate(S(family), window)})"
+
+
+STALLS = Row("Stalls", collapsed=False, panels=(
+    Panel("Time since last progress", "s", (
+        Target(f"time() - {S('raypulse_train_last_progress_time_seconds')}", RANK),),
+        "Per rank: how long ago it last reported a step. A rank that stops reporting while the job runs is "
+        "hung (a stuck collective, a dead data loader).", width=8, min=0,
+        thresholds=((None, "green"), (300, "orange"), (600, "red")), links=(to_job(),)),
+    Panel("Steps per second", "short", (
+        Target(f"deriv({S('raypulse_train_step')}[{RATE}])", RANK),),
+        "How fast each rank's step advances.", width=8, min=0),
+    Panel("Ranks reporting", "short", (
+        Target(S("raypulse_train_ranks"), JOB + " ranks"),
+        Target(f"sum by ({PER_JOB}) ({rate(S('raypulse_train_reports_total'))})", JOB + " reports/s")),
+        "Ranks that report progress, and reports per second over all of them.", width=8, min=0),
+))
+
+THROUGHPUT = Row("Throughput against baseline", collapsed=False, panels=(
+    Panel("Samples per second", "short", (
+        Target(_throughput("raypulse_train_samples_total"), JOB + " now"),
+        Target(_throughput("raypulse_train_samples_total", BASELINE), JOB + f" {BASELINE} average")),
+        f"Samples per second over all ranks, now and averaged over the last {BASELINE}.", width=8, min=0),
+    Panel("Tokens per second", "short", (
+        Target(_throughput("raypulse_train_tokens_total"), JOB + " now"),
+        Target(_throughput("raypulse_train_tokens_total", BASELINE), JOB + f" {BASELINE} average")),
+        f"Tokens per second over all ranks, now and averaged over the last {BASELINE}.", width=8, min=0),
+    Panel("Throughput relative to baseline", "percentunit", (
+        Target(f"{_throughput('raypulse_train_samples_total')} / "
+               f"{_throughput('raypulse_train_samples_total', BASELINE)}", JOB),),
+        f"Samples per second now divided by the {BASELINE} average; a drop below 100% without a change in "
+        "the job is a slow GPU, node or network.", width=8, min=0,
+        thresholds=((None, "red"), (0.7, "orange"), (0.9, "green"))),
+))
+
+NUMERICS = Row("Loss, gradients and NaN", collapsed=False, panels=(
+    Panel("Non-finite values reported", "short", (
+        Target(f"sum by ({PER_JOB}, field) ({S('raypulse_train_nonfinite_values_total')})", JOB + " {{field}}"),),
+        "NaN or infinite loss, gradient norm or learning rate reported so far (counted, never drawn as a "
+        "value).", width=6, min=0, thresholds=((None, "green"), (1, "red"))),
+    Panel("Loss", "short", (Target(S("raypulse_train_loss"), RANK),),
+          "Last finite loss each rank reported.", width=6),
+    Panel("Loss against its 1h average", "percentunit", (
+        Target(f"{S('raypulse_train_loss')} / avg_over_time({S('raypulse_train_loss')}[1h])", RANK),),
+        "Loss divided by its average over the last hour: spikes stand out whatever the loss's scale.", width=6),
+    Panel("Gradient norm", "short", (Target(S("raypulse_train_grad_norm"), RANK),),
+          "Last finite gradient norm each rank reported; growth before a NaN is the usual warning.", width=6),
+    Panel("Learning rate", "short", (Target(S("raypulse_train_learning_rate"), RANK),),
+          "Learning rate each rank reported (a schedule gone wrong shows here).", width=6),
+    Panel("Job GPU SM time", "percentunit", (
+        Target(f"avg by ({PER_JOB}, node, gpu) ({S('raypulse_job_gpu_sm_utilization_ratio')})",
+               JOB + " {{node}} GPU {{gpu}}"),),
+        "SM time the job's processes use on each GPU; a collapse with steps still advancing is an input or "
+        "communication bottleneck (click: the GPU).", width=6, min=0, max=1, links=(to_gpu(),)),
+))
+
+STRAGGLERS = Row("Stragglers", collapsed=False, panels=(
+    Panel("Steps behind the leading rank", "short", (
+        Target(f"max by ({PER_JOB}) ({S('raypulse_train_step')}) - on ({PER_JOB}) group_right () "
+               f"{S('raypulse_train_step')}", RANK),),
+        "How far each rank trails the fastest one; in synchronous training a growing gap is a stuck rank.",
+        width=8, min=0),
+    Panel("Rank throughput against the job's mean", "percentunit", (
+        Target(f"{rate(S('raypulse_train_samples_total'))} / on ({PER_JOB}) group_left () "
+               f"avg by ({PER_JOB}) ({rate(S('raypulse_train_samples_total'))})", RANK),),
+        "Each rank's samples per second divided by the mean over ranks: a straggler sits below 100%.",
+        width=8, min=0, thresholds=((None, "red"), (0.8, "orange"), (0.95, "green"))),
+    Panel("Last report spread", "s", (
+        Target(f"max by ({PER_JOB}) ({S('raypulse_train_last_progress_time_seconds')}) - "
+               f"min by ({PER_JOB}) ({S('raypulse_train_last_progress_time_seconds')})", JOB),),
+        "Seconds between the most and least recent rank reports.", width=8, min=0),
+))
+
+CHECKPOINTS = Row("Checkpoints", collapsed=False, panels=(
+    Panel("Checkpoint age", "s", (
+        Target(f"time() - {S('raypulse_train_last_checkpoint_time_seconds')}", RANK),),
+        "Time since each rank last reported a saved checkpoint.", width=8, min=0,
+        thresholds=((None, "green"), (3600, "orange"), (7200, "red"))),
+    Panel("Steps since the last checkpoint", "short", (
+        Target(f"max by ({PER_JOB}) ({S('raypulse_train_step')}) - on ({PER_JOB}) "
+               f"max by ({PER_JOB}) ({S('raypulse_train_checkpoint_step')})", JOB),),
+        "Work a crash now would lose, in steps.", width=8, min=0),
+    Panel("Checkpoints saved", "short", (
+        Target(f"sum by ({PER_JOB}) ({S('raypulse_train_checkpoints_total')})", JOB),),
+        "Checkpoints reported saved, all ranks.", width=8, min=0),
+))
+
+REPORTING = Row("Progress reporting", (
+    Panel("Reports dropped by clients", "short", (
+        Target(S("raypulse_train_client_dropped_reports_total"), RANK),),
+        "Reports a rank's client dropped (queue full, exporter unreachable), as it last said.", min=0),
+    Panel("Reports refused", "ops", (
+        Target(f"sum by (cluster, node, reason) ({rate(S('raypulse_train_rejected_reports_total'))})",
+               "{{node}} {{reason}}"),),
+        "Progress requests the exporters refused per second, by reason.", min=0),
+    Panel("Progress endpoints", "short", (
+        Target(S("raypulse_train_endpoint_up"), "{{node}} listening"),
+        Target(S("raypulse_train_jobs"), "{{node}} jobs tracked")),
+        "Whether each node's progress endpoint listens, and how many jobs it tracks.", min=0),
+))
+
+ALERTS = Row("Alerts", collapsed=False, panels=(
+    Panel("Training and job alerts", "short", (
+        Target(f"sum by (alertname, alertstate, severity, submission_id) "
+               f"({S('ALERTS', TRAINING_ALERTS)})", "{{alertname}} {{submission_id}} {{alertstate}}"),),
+        "Pending and firing alerts of the training and job groups (alerts/rules/).", width=24, height=6, min=0,
+        kind="statetimeline", mappings=(("1", "active", "red"),)),
+))
+
+BOARD = Board(
+    uid=UID_TRAINING, title="raypulse / Training stability",
+    description="Stalls, throughput against baseline, NaN, loss and gradients, stragglers, checkpoints and "
+                "the training alerts, from what jobs report through exporter.progress.",
+    variables=("cluster", "job"), tags=("training",),
+    rows=(STALLS, THROUGHPUT, NUMERICS, STRAGGLERS, CHECKPOINTS, REPORTING, ALERTS),
+)
