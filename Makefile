@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
 
-.PHONY: install system-deps demo test lint bench docs clean
+.PHONY: install system-deps demo test lint bench bench-launch docs dashboards alerts drill clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,11 @@ system-deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \
 	fi
 
-demo: install
-	$(PY) scripts/demo.py
+# The main job: `launcher submit` of examples/train.py on a local Ray cluster with simulated GPUs,
+# its progress and metrics, Prometheus with the alert rules; leaves nothing running. Ray runs are
+# serialized with the tests and benchmarks on this machine by the same lock.
+demo: install system-deps
+	flock /tmp/raypulse-ray.lock $(PY) scripts/demo.py
 
 test: install system-deps lint
 	$(PY) -m pytest
@@ -38,9 +41,25 @@ lint: install
 bench: install system-deps
 	$(PY) bench/scrape.py
 
+# Launch time: `launcher submit` to RUNNING on head + 2 workers against the same steps by hand.
+bench-launch: install
+	flock /tmp/raypulse-ray.lock $(PY) bench/launch.py
+
 docs: install
 	$(VENV)/bin/exporter metrics --format markdown --output docs/metrics.md
 	$(VENV)/bin/exporter config-reference --output docs/configuration.md
+
+# Grafana dashboards: dashboards/json/*.json, dashboards/provisioning/ and docs/dashboards.md from dashboards/boards/.
+dashboards: install
+	$(PY) -m dashboards.build
+
+# Alert rules: alerts/rules/*.yaml and docs/alerts.md from alerts/groups/ and alerts/config.py.
+alerts: install
+	$(PY) -m alerts.build
+
+# The alert fault drill (a real Ray cluster, Prometheus, Alertmanager): writes docs/alerts-drill.md.
+drill: install system-deps
+	flock /tmp/raypulse-ray.lock $(PY) -m alerts.drill --output docs/alerts-drill.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .demo

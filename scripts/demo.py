@@ -1,149 +1,217 @@
-"""`make demo`: start the exporter, let a real Prometheus scrape it, and show what it sees.
+"""`make demo`: one small training job, end to end, through `launcher submit`.
 
-Until the launcher lands this is the main job end to end: exporter up, scraped, queried, torn
-down. `--keep` leaves the exporter (and Prometheus) running for a look in the browser.
+The launcher starts a local Ray cluster (a head, two workers with one simulated GPU each, one
+exporter per node), runs examples/train.py on it (two data-parallel ranks that report their
+progress to their node's exporter), streams the job's output and tears everything down. While it
+runs, this script shows what the exporters see (steps, loss, throughput, GPUs) and, when
+Prometheus and Alertmanager are installed, runs them with raypulse's alert rules on the head
+exporter's service discovery and queries them. At the end it checks that nothing is left running.
+
+    python scripts/demo.py [--steps 120] [--keep]    # --keep: leave it all up until Ctrl-C
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import shutil
+import os
+import secrets
+import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
 REPO = Path(__file__).resolve().parent.parent
-console = Console()
+WORKDIR = REPO / ".demo"
+console = Console(stderr=True, highlight=False)
 
 
-def free_port(preferred: int) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return sock.getsockname()[1]
-    raise RuntimeError("no free port")
+def port_base(preferred: int, count: int) -> int:
+    """`preferred` (the launcher's default) when its ports are free, else a free range."""
+    for base in (preferred, *range(30000, 60000, 97)):
+        if all(_free(port) for port in range(base, base + count)):
+            return base
+    raise SystemExit("demo: no free ports")
 
 
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return response.read()
-
-
-def wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
         try:
-            if predicate():
-                return
+            sock.bind(("", port))
         except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"demo: timed out waiting for {what}")
+            return False
+        return True
 
 
-def query(prometheus: str, promql: str) -> list[dict]:
-    body = get(f"{prometheus}/api/v1/query?query={urllib.parse.quote(promql)}")
-    return json.loads(body)["data"]["result"]
-
-
-QUERIES = [
-    ("CPU busy (all CPUs)", 'sum by (instance) (rate(raypulse_node_cpu_seconds_total{mode!~"idle|iowait"}[15s])) '
-                            '/ on(instance) raypulse_node_cpus', "percent"),
-    ("memory available", "raypulse_node_memory_available_bytes / raypulse_node_memory_total_bytes", "percent"),
-    ("checkpoint volume free", 'raypulse_node_filesystem_avail_bytes * on(mountpoint) group_left '
-                               'raypulse_node_filesystem_path_info{role="checkpoint"}', "bytes"),
-    ("object store (/dev/shm) used", '1 - raypulse_node_filesystem_avail_bytes{mountpoint="/dev/shm"} '
-                                     '/ raypulse_node_filesystem_size_bytes{mountpoint="/dev/shm"}', "percent"),
-    ("pod working set", "raypulse_pod_memory_working_set_bytes", "bytes"),
-    ("collectors up", "sum(raypulse_exporter_collector_up) / count(raypulse_exporter_collector_up)", "percent"),
-    ("exporter resident memory", "raypulse_exporter_resident_memory_bytes", "bytes"),
-]
-
-
-def formatted(value: float, unit: str) -> str:
-    if unit == "percent":
-        return f"{value * 100:.1f} %"
-    return f"{value / 2**30:.2f} GiB" if value > 2**30 else f"{value / 2**20:.1f} MiB"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--keep", action="store_true", help="leave the exporter and Prometheus running")
-    args = parser.parse_args()
-    workdir = REPO / ".demo"
-    checkpoints = workdir / "checkpoints"
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    processes: list[subprocess.Popen] = []
+def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """{family sample name: [(labels, value)]} of one exporter, or {} while it is not up."""
     try:
-        port = free_port(9477)
-        exporter_url = f"http://127.0.0.1:{port}"
-        console.rule("[bold]raypulse exporter")
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{port}", "--checkpoint-path",
-             str(checkpoints)], cwd=REPO, stdout=(workdir / "exporter.log").open("wb"), stderr=subprocess.STDOUT))
-        wait(lambda: get(f"{exporter_url}/readyz") == b"ready\n", 30, "the exporter")
-        time.sleep(1)
-        text = get(f"{exporter_url}/metrics").decode()
-        series = [line for line in text.splitlines() if line and not line.startswith("#")]
-        families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
-        console.print(f"{exporter_url}/metrics serves [bold]{len(series)}[/] series in [bold]{len(families)}[/] "
-                      f"families (log: .demo/exporter.log). A few of them:")
-        for prefix in ("raypulse_node_load1 ", "raypulse_node_memory_available_bytes ",
-                       'raypulse_node_filesystem_path_info{', "raypulse_pod_info{",
-                       'raypulse_exporter_collector_up{collector="filesystem"}'):
-            for line in series:
-                if line.startswith(prefix):
-                    console.print(f"  [dim]{line}[/]", soft_wrap=True)
+        with urllib.request.urlopen(url + "/metrics", timeout=3) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
 
-        prometheus_bin = shutil.which("prometheus")
-        if prometheus_bin is None:
-            console.print("[yellow]prometheus is not installed (make system-deps); skipping the Prometheus part")
-            return
-        console.rule("[bold]Prometheus scraping it")
-        prom_port = free_port(9090)
-        prometheus = f"http://127.0.0.1:{prom_port}"
-        config = workdir / "prometheus.yml"
-        config.write_text(f"global: {{scrape_interval: 2s}}\nscrape_configs:\n  - job_name: raypulse\n"
-                          f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
-        processes.append(subprocess.Popen(
-            [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tempfile.mkdtemp(dir=workdir)}",
-             f"--web.listen-address=127.0.0.1:{prom_port}"],
-            stdout=(workdir / "prometheus.log").open("wb"), stderr=subprocess.STDOUT))
-        # Collectors refresh every 5 s; wait until Prometheus has seen a counter move.
-        wait(lambda: bool(query(prometheus, 'changes(raypulse_node_cpu_seconds_total{mode="user"}[1m]) > 0')), 60,
-             "two collections")
-        target = json.loads(get(f"{prometheus}/api/v1/targets"))["data"]["activeTargets"][0]
-        console.print(f"target {target['scrapeUrl']}: health [bold]{target['health']}[/], "
-                      f"last scrape {target['lastScrapeDuration'] * 1000:.1f} ms")
-        table = Table("what", "value", "PromQL")
-        for title, promql, unit in QUERIES:
-            result = query(prometheus, promql)
-            value = formatted(float(result[0]["value"][1]), unit) if result else "[red]no data"
-            table.add_row(title, value, f"[dim]{promql}[/]")
-        console.print(table)
+
+def echo(stream, style: str) -> None:
+    for line in stream:
+        console.print(line.rstrip("\n"), style=style or None, markup=False, soft_wrap=True)
+
+
+def cluster_record(home: Path, run_id: str) -> dict | None:
+    try:
+        record = json.loads((home / "clusters" / run_id / "cluster.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record if any(exporter["node"] != "head" for exporter in record["exporters"]) else None
+
+
+def _of(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, rank: str | None) -> str:
+    values = [value for labels, value in samples.get(name, []) if labels.get("rank") == rank]
+    return f"{values[0]:.4g}" if values else "-"
+
+
+def progress_table(exporters: list[dict]) -> Table | None:
+    """One row per rank that reports progress, plus each worker's simulated GPUs."""
+    table = Table("node", "rank", "step", "loss", "samples", "checkpoint at", "GPU util", "GPU power",
+                  title="what the exporters see", title_justify="left")
+    rows = 0
+    for exporter in exporters:
+        samples = scrape(exporter["url"])
+        gpus = samples.get("raypulse_gpu_utilization_ratio", [])
+        power = samples.get("raypulse_gpu_power_usage_watts", [])
+        gpu_util = ", ".join(f"{value:.0%}" for _, value in gpus) or "-"
+        gpu_power = ", ".join(f"{value:.0f} W" for _, value in power) or "-"
+        steps = samples.get("raypulse_train_step", [])
+        for labels, step in steps:
+            rank = labels.get("rank")
+            table.add_row(exporter["node"], rank, f"{step:.0f}", _of(samples, "raypulse_train_loss", rank),
+                          _of(samples, "raypulse_train_samples_total", rank),
+                          _of(samples, "raypulse_train_checkpoint_step", rank), gpu_util, gpu_power)
+            rows += 1
+        if not steps and gpus:
+            table.add_row(exporter["node"], "-", "-", "-", "-", "-", gpu_util, gpu_power)
+            rows += 1
+    return table if rows else None
+
+
+def start_alerting(head_url: str, workdir: Path):
+    """Prometheus + Alertmanager with raypulse's rules on the head's /sd, if they are installed."""
+    try:
+        from alerts import stack
+    except ImportError:
+        return None
+    try:
+        return stack.start_demo(workdir, sd_url=head_url + "/sd", interval="5s")
+    except (OSError, RuntimeError) as exc:
+        console.print(f"[yellow]demo: Prometheus did not start ({exc}); continuing without it")
+        return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--keep", action="store_true", help="leave the cluster and Prometheus up until Ctrl-C")
+    args = parser.parse_args()
+    home = WORKDIR / "launcher"
+    run_id = f"demo-{secrets.token_hex(3)}"
+    exporter_base = port_base(9477, 6)
+    env = {**os.environ, "RAYPULSE_HOME": str(home)}
+    command = [str(Path(sys.executable).with_name("launcher")), "submit", "--name", "demo", "--run-id", run_id,
+               "--workers", "2", "--worker-gpus", "1", "--simulate-gpus", "--working-dir", str(REPO / "examples"),
+               "--exporter-port", str(exporter_base), "--progress-port", str(exporter_base + 1),
+               "--label", "purpose=demo", *(["--keep-cluster"] if args.keep else []),
+               "--", f"python train.py --steps {args.steps} --step-seconds 0.25 --checkpoint-every 40"]
+    console.rule("[bold]raypulse demo: launcher submit")
+    console.print("[dim]$ launcher submit " + " ".join(command[2:-1]) + f" -- '{command[-1]}'")
+    # The launcher's step lines (stderr) and the job's output (stdout) are shown between the tables.
+    launcher = subprocess.Popen(command, env=env, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, bufsize=1)
+    readers = [threading.Thread(target=echo, args=(stream, style), daemon=True)
+               for stream, style in ((launcher.stdout, ""), (launcher.stderr, "cyan"))]
+    for reader in readers:
+        reader.start()
+    alerting = None
+    stop = threading.Event()
+
+    def forward(signum: int, frame: object) -> None:
+        launcher.send_signal(signum)  # the launcher stops the job and tears the cluster down
+        stop.set()
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    record = None
+    last_table = 0.0
+    while launcher.poll() is None:
+        record = record or cluster_record(home, run_id)
+        if record is not None and alerting is None and not stop.is_set():
+            alerting = start_alerting(record["exporters"][0]["url"], WORKDIR / "prometheus") or False
+        if record is not None and time.monotonic() - last_table > 8:
+            table = progress_table(record["exporters"])
+            if table is not None:
+                console.print(table)
+                last_table = time.monotonic()
+        stop.wait(1)
+    code = launcher.returncode
+    for reader in readers:
+        reader.join(5)
+    console.rule(f"[bold]launcher exited {code}")
+    if alerting:
+        for promql, what in [
+            (f'max by (rank) (raypulse_train_step{{submission_id=~"{run_id}-a.*"}})', "last step per rank"),
+            (f'sum(raypulse_train_samples_total{{submission_id=~"{run_id}-a.*"}})', "samples trained"),
+            ('avg(avg_over_time(raypulse_gpu_utilization_ratio[1m]))', "mean GPU utilization (simulated)"),
+            (f'max by (state) (max_over_time(raypulse_job_state{{submission_id=~"{run_id}-a.*"}}[5m]))',
+             "job states seen"),
+        ]:
+            result = alerting.query(promql)
+            shown = ", ".join(f"{'/'.join(item['metric'].values()) or 'all'}={float(item['value'][1]):.4g}"
+                              for item in result) or "no data"
+            console.print(f"  {what:<34} {shown}   [dim]{promql}")
+        for line in alerting.describe():
+            console.print(f"  {line}")
+        console.print("  dashboards: import dashboards/json/*.json into Grafana (docs/dashboards.md)")
         if args.keep:
-            console.print(f"exporter {exporter_url}  Prometheus {prometheus}  (Ctrl-C to stop)")
-            processes[-1].wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for process in reversed(processes):
-            process.terminate()
-            process.wait(10)
-        console.print("[green]demo done[/]: exporter and Prometheus stopped")
+            console.print(f"[bold]--keep[/]: Prometheus {alerting.prometheus_url}, cluster {run_id} "
+                          f"(launcher down {run_id}); Ctrl-C to stop")
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.pause()
+        alerting.stop()
+    if args.keep and record is not None:
+        subprocess.run([str(Path(sys.executable).with_name("launcher")), "down", run_id], env=env, check=False)
+    left = leftovers(run_id)
+    console.print("[green]nothing left running[/]" if not left else f"[red]still running: {left}")
+    return code if not left else 1
+
+
+def leftovers(run_id: str) -> list[int]:
+    """Processes of the demo's cluster still alive (each carries RAYPULSE_CLUSTER_TAG=<run_id>-...)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("RAYPULSE_CLUSTER_TAG", "").startswith(f"{run_id}-") \
+                    and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process.pid)
+        except psutil.Error:
+            continue
+    return found
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
