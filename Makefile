@@ -30,7 +30,7 @@ system-deps:
 # its progress and metrics, Prometheus with the alert rules; leaves nothing running. Ray runs are
 # serialized with the tests and benchmarks on this machine by the same lock.
 demo: install system-deps
-	flock /tmp/raypulse-ray.lock $(PY) scripts/demo.py
+	flock /tmp/raypulse-ray.lock $(PY) scripts/demo.py $(ARGS)
 
 test: install system-deps lint
 	$(PY) -m pytest

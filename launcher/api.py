@@ -9,6 +9,8 @@
 
 `submit` starts what the backend needs (a local cluster, or checks an existing one), submits the
 first attempt (or finds it, by submission id) and returns; `wait` supervises the run to its end.
+With an OTLP endpoint (spec `otlp_endpoint` or OTEL_EXPORTER_OTLP_*), all of it is one trace
+(launcher/tracing.py) that ends when the handle closes.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from launcher.display import Reporter
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
 from launcher.jobs import TERMINAL, JobsClient, read_token
-from launcher.local import LocalCluster, forget_cluster, stop_cluster_processes
+from launcher.local import Cancelled, LocalCluster, forget_cluster, stop_cluster_processes
 from launcher.run import Run, finish_run, submission_id, update_attempt
 from launcher.spec import JobSpec, build_spec
 from launcher.state import (
@@ -37,6 +39,7 @@ from launcher.state import (
     load_run,
     request_stop,
 )
+from launcher.tracing import RunTrace, traces_url
 
 
 def as_spec(spec: JobSpec | Mapping[str, Any]) -> JobSpec:
@@ -110,14 +113,23 @@ class RunHandle:
         """Supervise the run to its end (retries, deadlines, stop) and close. The record's
         exit_code is the launcher's exit code for it."""
         try:
-            return self._run.wait()
+            with self._run.trace.current():
+                return self._run.wait()
         except InfraError as exc:
             return self._run.finish_with(ExitCode.INFRA_ERROR, str(exc))
         finally:
             self.close()
 
     def close(self) -> None:
-        """Tear down the local cluster this run started, unless it is kept."""
+        """Tear down the local cluster this run started, unless it is kept, and end the run's trace."""
+        run_trace, record = self._run.trace, self._run.record
+        self._run.end_attempt_span(record.state)  # closed before the attempt ended: it is left as it is
+        with run_trace.current():
+            self._close_cluster()
+        run_trace.finish(record.state, record.reason, {"raypulse.exit_code": record.exit_code,
+                                                       "raypulse.attempts": len(record.attempts)})
+
+    def _close_cluster(self) -> None:
         if self._cluster is None or self._cluster.record is None:
             return
         if self._cluster.kept:
@@ -156,6 +168,24 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
                            spec=spec.model_dump(mode="json"))
         clear_stop(spec.run_id)  # a stop asked of an earlier run with this id is not for this one
     record.pid = os.getpid()
+    run_trace = RunTrace(traces_url(spec.otlp_endpoint, os.environ), {
+        "raypulse.run_id": spec.run_id, "raypulse.job_name": spec.name, "raypulse.backend": backend,
+        "raypulse.max_attempts": spec.max_attempts})
+    record.trace_id = run_trace.trace_id
+    try:
+        with run_trace.current():
+            return _start(spec, record, left_running, reporter, cancel, follow_logs, run_trace)
+    except BaseException as exc:
+        state = record.state if record.exit_code is not None else (
+            "STOPPED" if isinstance(exc, Cancelled) else "BAD_INPUT" if isinstance(exc, BadInput) else "INFRA_ERROR")
+        run_trace.finish(state, str(exc) or type(exc).__name__)
+        raise
+
+
+def _start(spec: JobSpec, record: RunRecord, left_running: ClusterRecord | None, reporter: Reporter,
+           cancel: threading.Event, follow_logs: bool, run_trace: RunTrace) -> RunHandle:
+    """submit() past its checks: the cluster, then the first attempt (inside the run's trace)."""
+    backend = spec.resolved_backend
     cluster: LocalCluster | None = None
     if backend == "existing":
         client = client_for(spec.address, spec.cluster, spec.token_path)
@@ -164,17 +194,20 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
         # The cluster of an earlier submit of this run is still up (kept, or its launcher died):
         # follow the run there, status first, instead of starting a second cluster.
         reporter.info(f"cluster {left_running.name} of run {spec.run_id} is still running; following the run on it")
-        cluster = LocalCluster.adopt(left_running, reporter, cancel)
+        cluster = LocalCluster.adopt(left_running, reporter, cancel, tracer=run_trace.tracer)
         client = cluster_client(left_running.name)[1]
         record.address, record.cluster, record.cluster_kept = left_running.address, left_running.name, left_running.kept
     else:
         # Ray's Jobs client takes a second to import: do it while the nodes start.
         threading.Thread(target=importlib.import_module, args=("ray.job_submission",), daemon=True).start()
-        cluster = LocalCluster(spec, spec.run_id, reporter, cancel, kept=spec.keep_cluster, defer_exporters=True)
+        cluster = LocalCluster(spec, spec.run_id, reporter, cancel, kept=spec.keep_cluster, defer_exporters=True,
+                               tracer=run_trace.tracer)
         record.cluster, record.cluster_kept = spec.run_id, spec.keep_cluster
         record.save()
         try:
-            cluster_record = cluster.start()
+            with run_trace.span("cluster.start", **{"raypulse.cluster": spec.run_id,
+                                                    "raypulse.nodes": 1 + spec.worker_count}):
+                cluster_record = cluster.start()
         except BadInput:
             shutil.rmtree(record.directory, ignore_errors=True)  # nothing was started: no run either
             raise
@@ -191,10 +224,11 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
     # A new local cluster's exporters start once the job runs: on a small machine their start-up
     # would otherwise compete with the job's (the run also starts them if it stays pending).
     run = Run(spec, client, record, reporter, cancel, follow_logs=follow_logs,
-              on_running=cluster.start_exporters if cluster is not None else None)
+              on_running=cluster.start_exporters if cluster is not None else None, run_trace=run_trace)
     try:
         run.start()
     except BaseException:
+        run.end_attempt_span("FAILED")
         if cluster is not None:
             cluster.teardown()
         raise
@@ -251,6 +285,7 @@ def runs_on_cluster(client: JobsClient) -> dict[str, RunRecord]:
             run_id=run_id, name=metadata.get("raypulse.job_name", run_id), backend="existing",
             address=client.address, max_attempts=int(metadata.get("raypulse.max_attempts", 1)),
             created_at=(job.start_time or 0) / 1000))
+        run.trace_id = metadata.get("raypulse.trace_id") or run.trace_id  # the latest traced submit's
         update_attempt(run, int(metadata.get("raypulse.attempt", 1)), job)
     for run in runs.values():
         last = run.attempts[-1].status
@@ -322,5 +357,5 @@ def stop(run_id: str, *, address: str | None = None, cluster: str | None = None,
             details = client.details(attempt.submission_id)
             if details is not None and details.status.value not in TERMINAL and client.stop(attempt.submission_id):
                 stopped.append(attempt.submission_id)
-    audit.record("run.stop", "ok", run_id=run_id, stopped=stopped)
+    audit.record("run.stop", "ok", run_id=run_id, stopped=stopped, trace_id=record.trace_id if record else None)
     return stopped

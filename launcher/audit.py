@@ -2,7 +2,8 @@
 
 Actions are what changes something or was refused: a cluster started or torn down, an attempt
 submitted, a stop, a run's final state, a manifest rendered or applied, a command refused as bad
-input. Each line is appended with a single write, so concurrent launchers do not interleave lines.
+input. A traced run's lines carry its `trace_id`. Each line is appended with a single write, so
+concurrent launchers do not interleave lines.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.state import home
+from launcher.tracing import current_trace_id
 
 
 def path() -> Path:
@@ -26,7 +28,9 @@ def path() -> Path:
 
 def record(action: str, result: str, **details: Any) -> None:
     """Append one line. A failure to write is reported on stderr but never raised into the action it
-    records (a full disk must not prevent a stop or a teardown)."""
+    records (a full disk must not prevent a stop or a teardown). Inside a traced run, the line
+    carries the run's trace id."""
+    details.setdefault("trace_id", current_trace_id())
     line = {
         "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
         "unix_time": round(time.time(), 3),

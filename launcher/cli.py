@@ -68,6 +68,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "namespace": "namespace",
     "queue": "queue",
     "exporter_image": "exporter_image",
+    "otlp_endpoint": "otlp_endpoint",
 }
 WORKER_SHORTHANDS = {"workers": "count", "worker_cpus": "cpus", "worker_gpus": "gpus", "worker_memory": "memory",
                      "worker_resource": "resources"}
@@ -187,6 +188,8 @@ def spec_options(func: Callable) -> Callable:
         click.option("--namespace", help="Kubernetes namespace [default]."),
         click.option("--queue", help="Kueue LocalQueue (adds kueue.x-k8s.io/queue-name)."),
         click.option("--exporter-image", help="Exporter sidecar image on Kubernetes [--image]."),
+        click.option("--otlp-endpoint", metavar="URL", help="Trace the run to this OTLP/HTTP collector "
+                     "(http://collector:4318) [OTEL_EXPORTER_OTLP_ENDPOINT]."),
         click.argument("command", nargs=-1, type=click.UNPROCESSED),
     ]
     for option in reversed(options):
@@ -473,3 +476,10 @@ def render(file: Path | None, **options: Any) -> None:
     audit.record("render", "ok", run_id=spec.run_id, namespace=spec.namespace)
     click.echo(kuberay.to_yaml(manifests), nl=False)
 
+
+
+# `launcher exporters ...` and `launcher prometheus-config` live in launcher/deploy/.
+from launcher.deploy import exporters_group, prometheus_config  # noqa: E402
+
+main.add_command(exporters_group)
+main.add_command(prometheus_config)

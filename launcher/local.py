@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from opentelemetry import trace
 
 from launcher import audit
 from launcher.display import Reporter
@@ -163,8 +164,9 @@ class LocalCluster:
     """Start with `start()`, end with `teardown()`; `record` describes the running cluster."""
 
     def __init__(self, spec: JobSpec, name: str, reporter: Reporter, cancel: threading.Event | None = None,
-                 kept: bool = False, defer_exporters: bool = False) -> None:
+                 kept: bool = False, defer_exporters: bool = False, tracer: trace.Tracer | None = None) -> None:
         self.spec = spec
+        self.tracer = tracer or trace.NoOpTracer()  # the run's (cluster.wait_nodes, cluster.teardown spans)
         self.name = name
         self.reporter = reporter
         self.cancel = cancel or threading.Event()
@@ -176,9 +178,11 @@ class LocalCluster:
         self._exporters_started = False
 
     @classmethod
-    def adopt(cls, record: ClusterRecord, reporter: Reporter, cancel: threading.Event | None = None) -> LocalCluster:
+    def adopt(cls, record: ClusterRecord, reporter: Reporter, cancel: threading.Event | None = None,
+              tracer: trace.Tracer | None = None) -> LocalCluster:
         """A cluster started by an earlier launcher process, from its record (for its teardown)."""
-        cluster = cls(JobSpec(entrypoint="true"), record.name, reporter, cancel, kept=record.kept)  # spec: unused
+        cluster = cls(JobSpec(entrypoint="true"), record.name, reporter, cancel, kept=record.kept,  # spec: unused
+                      tracer=tracer)
         cluster.record = record
         cluster._exporters_started = True  # they were started with it, or are not coming back
         return cluster
@@ -273,7 +277,8 @@ class LocalCluster:
                     self.reporter.done(expected[port], f"{expected[port]} alive")
             return len(alive) == len(nodes)
 
-        self._wait(all_alive, ray_processes, temp, "every node to be alive")
+        with self.tracer.start_as_current_span("cluster.wait_nodes", attributes={"raypulse.nodes": len(nodes)}):
+            self._wait(all_alive, ray_processes, temp, "every node to be alive")
         for node in nodes:
             node.exporter = dataclasses.replace(node.exporter, host=node_ips[node.name])
         self.record.exporters = [ExporterRef(node=n.name, role=n.role, url=n.exporter.url,
@@ -326,6 +331,10 @@ class LocalCluster:
         """Stop every process of the cluster, then forget it."""
         if self.record is None:
             return
+        with self.tracer.start_as_current_span("cluster.teardown", attributes={"raypulse.cluster": self.name}):
+            self._teardown(quiet, keep_temp)
+
+    def _teardown(self, quiet: bool, keep_temp: bool) -> None:
         started = time.monotonic()
         if not quiet:
             self.report_dead_exporters()

@@ -4,7 +4,8 @@ Submission is idempotent by submission id, as KubeRay's submitter does it: attem
 `R-a<n>`; before submitting, the run asks the cluster for that id and follows the job it finds
 instead of submitting twice. A failed attempt is retried as a new attempt after a backoff (doubling,
 capped) up to max_retries; a stop or a deadline ends the run without retry. Every attempt carries
-the raypulse.* metadata that the exporter turns into job labels.
+the raypulse.* metadata that the exporter turns into job labels. Each attempt, its phases and each
+backoff are spans of the run's trace (launcher/tracing.py), whose id goes to the attempt's metadata.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from launcher.exitcodes import FINAL_STATES, ExitCode
 from launcher.jobs import TERMINAL, ClusterLost, JobsClient
 from launcher.spec import JobSpec
 from launcher.state import AttemptRecord, RunRecord, request_stop, stop_requested
+from launcher.tracing import AttemptSpan, RunTrace, traceparent
 
 POLL_S = 0.25
 LOST_AFTER_S = 30.0  # the Jobs API failing this long means the cluster is gone
@@ -32,8 +34,9 @@ def submission_id(run_id: str, attempt: int) -> str:
     return f"{run_id}-a{attempt}"
 
 
-def job_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
-    """The Ray job metadata shared with the exporter (it labels job series with these)."""
+def job_metadata(spec: JobSpec, attempt: int, trace_id: str | None = None) -> dict[str, str]:
+    """The Ray job metadata shared with the exporter (it labels job series with these), and the run's
+    trace id when it is traced (so the trace can be found from the job)."""
     metadata = {
         "raypulse.job_name": spec.name,
         "raypulse.run_id": spec.run_id or "",
@@ -43,12 +46,15 @@ def job_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
         "raypulse.user": spec.user,
     }
     metadata.update({f"raypulse.label.{key}": value for key, value in spec.labels.items()})
+    if trace_id:
+        metadata["raypulse.trace_id"] = trace_id
     return metadata
 
 
-def runtime_env(spec: JobSpec, attempt: int | None = None) -> dict[str, Any]:
+def runtime_env(spec: JobSpec, attempt: int | None = None, trace_parent: str | None = None) -> dict[str, Any]:
     """Ray's runtime_env of an attempt. Its processes also get RAYPULSE_RUN_ID and RAYPULSE_ATTEMPT,
-    so training code can tell a retry (and, say, resume from its last checkpoint)."""
+    so training code can tell a retry (and, say, resume from its last checkpoint), and in a traced
+    run TRACEPARENT (W3C), so the job's own spans can join the attempt's."""
     env: dict[str, Any] = {}
     if spec.working_dir:
         env["working_dir"] = spec.working_dir
@@ -57,6 +63,8 @@ def runtime_env(spec: JobSpec, attempt: int | None = None) -> dict[str, Any]:
     env_vars = dict(spec.runtime_env.env_vars)
     if attempt is not None:
         env_vars.update({"RAYPULSE_RUN_ID": spec.run_id or "", "RAYPULSE_ATTEMPT": str(attempt)})
+    if trace_parent:
+        env_vars["TRACEPARENT"] = trace_parent
     if env_vars:
         env["env_vars"] = env_vars
     return env
@@ -92,8 +100,10 @@ class Run:
 
     def __init__(self, spec: JobSpec, client: JobsClient, record: RunRecord, reporter: Reporter,
                  cancel: threading.Event, follow_logs: bool = True,
-                 on_running: Callable[[], None] | None = None) -> None:
+                 on_running: Callable[[], None] | None = None, run_trace: RunTrace | None = None) -> None:
         self.spec = spec
+        self.trace = run_trace or RunTrace.off()
+        self._attempt_span: AttemptSpan | None = None  # the current attempt's, until it ends
         # Called once, when the first attempt runs (or has waited EXPORTERS_AFTER_S, or ended):
         # the local backend starts its exporters then, off the path to a running job.
         self._on_running = on_running
@@ -129,16 +139,22 @@ class Run:
                            "following it instead of submitting again")
         if details.status.value == "FAILED" and attempt < self.spec.max_attempts:
             self._submit(attempt + 1)
+        else:
+            self._open_attempt_span(attempt).phase(details.status.value)
 
     def _submit(self, attempt: int) -> None:
         sid = submission_id(self.record.run_id, attempt)
         self.current = attempt
         self._attempt_started = time.time() if attempt > 1 else self.record.created_at
+        span = self._open_attempt_span(attempt)
         if self.client.details(sid) is None:  # status first, also for retries
             try:
-                self.client.submit(sid, self.spec.entrypoint, runtime_env(self.spec, attempt),
-                                   job_metadata(self.spec, attempt))
+                with span.child("attempt.submit"):
+                    self.client.submit(sid, self.spec.entrypoint,
+                                       runtime_env(self.spec, attempt, traceparent(span.span)),
+                                       job_metadata(self.spec, attempt, self.trace.trace_id))
             except RuntimeError as exc:
+                self.end_attempt_span("FAILED", f"not submitted: {exc}")
                 audit.record("attempt.submit", f"error: {exc}", run_id=self.record.run_id, submission_id=sid)
                 if "status code 4" in str(exc):
                     raise BadInput(f"the cluster refused attempt {attempt}: {exc}") from None
@@ -149,7 +165,20 @@ class Run:
             self.record.attempts.append(AttemptRecord(attempt=attempt, submission_id=sid, submitted_at=time.time()))
         self.record.state = "PENDING"
         self.record.save()
+        span.phase("PENDING")
         self.reporter.info(f"attempt {attempt}/{self.spec.max_attempts} submitted as {sid}")
+
+    def _open_attempt_span(self, attempt: int) -> AttemptSpan:
+        self.end_attempt_span("ABANDONED")  # not expected: an attempt's span ends with the attempt
+        self._attempt_span = AttemptSpan(self.trace, self.record.run_id, attempt,
+                                         submission_id(self.record.run_id, attempt))
+        return self._attempt_span
+
+    def end_attempt_span(self, state: str, message: str | None = None, driver_exit_code: int | None = None) -> None:
+        """End the current attempt's span (also when the run is left mid-attempt)."""
+        if self._attempt_span is not None:
+            self._attempt_span.end(state, message, driver_exit_code)
+            self._attempt_span = None
 
     # --- following -----------------------------------------------------------------------------
 
@@ -167,7 +196,9 @@ class Run:
                 self.record.state = "RETRYING"
                 self.record.save()
                 self.reporter.info(f"attempt {self.current} failed; attempt {self.current + 1} in {delay:g}s")
-                interrupted = self._sleep(delay)
+                with self.trace.span("retry.backoff", **{"raypulse.backoff_seconds": delay,
+                                                         "raypulse.next_attempt": self.current + 1}):
+                    interrupted = self._sleep(delay)
                 if interrupted:
                     return self._finish(interrupted, "stopped during the backoff before a retry")
                 self._submit(self.current + 1)
@@ -232,6 +263,8 @@ class Run:
             if details is not None:
                 update_attempt(self.record, attempt, details)
                 status = details.status.value
+                if self._attempt_span is not None:
+                    self._attempt_span.phase(status)
                 record = self.record.attempt(attempt)
                 if status == "RUNNING" and record.running_at is None:
                     record.running_at = time.time()
@@ -255,6 +288,7 @@ class Run:
             closed[0] = True
         self._save_log(attempt, sid, printed[0])
         final = self.record.attempt(attempt)
+        self.end_attempt_span(ending or status, final.message, final.driver_exit_code)
         self.reporter.info(f"attempt {attempt}/{self.spec.max_attempts} {final.status}"
                            + (f": {final.message}" if final.status == "FAILED" and final.message else ""))
         self.record.save()
@@ -303,5 +337,5 @@ def finish_run(record: RunRecord, state: str, reason: str | None) -> RunRecord:
     record.finished_at = time.time()
     record.save()
     audit.record("run.finish", state, run_id=record.run_id, attempts=len(record.attempts),
-                 exit_code=record.exit_code, reason=reason)
+                 exit_code=record.exit_code, reason=reason, trace_id=record.trace_id)
     return record

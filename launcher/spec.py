@@ -183,6 +183,8 @@ class JobSpec(_Strict):
     namespace: str = Field("default", description="Kubernetes namespace")
     queue: str | None = Field(None, description="Kueue LocalQueue name")
     exporter_image: str | None = Field(None, description="exporter sidecar image (default: image)")
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP base URL the run's trace goes to (/v1/traces is "
+                                      "added); unset: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, else no tracing")
 
     @field_validator("name")
     @classmethod
@@ -199,6 +201,13 @@ class JobSpec(_Strict):
     def _kubernetes_name(cls, value: str | None) -> str | None:
         if value is not None and (not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value) or len(value) > 63):
             raise ValueError(f"{value!r} is not a Kubernetes name (lowercase letters, digits, '-'; at most 63)")
+        return value
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
+            raise ValueError(f"{value!r} is not an OTLP/HTTP URL like http://collector:4318")
         return value
 
     @field_validator("entrypoint")
@@ -245,7 +254,7 @@ class JobSpec(_Strict):
         backend = self.resolved_backend
         only = {"address": ("existing",), "cluster": ("existing",), "token_path": ("existing",),
                 "keep_cluster": ("local", "kuberay"), "simulate_gpus": ("local",), "queue": ("kuberay",),
-                "exporter_image": ("kuberay",)}
+                "exporter_image": ("kuberay",), "otlp_endpoint": ("local", "existing")}
         for field, backends in only.items():
             if getattr(self, field) not in (None, False) and backend not in backends:
                 raise ValueError(f"{field}: applies to backend {' or '.join(backends)} only; this job's backend "

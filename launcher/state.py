@@ -119,6 +119,7 @@ class RunRecord(BaseModel):
     state: str = "STARTING"  # STARTING, PENDING, RUNNING, RETRYING, or a final state (exitcodes.FINAL_STATES)
     reason: str | None = None
     exit_code: int | None = None
+    trace_id: str | None = None  # the OTLP trace of its latest submit (launcher/tracing.py), when traced
     created_at: float = Field(default_factory=time.time)
     finished_at: float | None = None
     attempts: list[AttemptRecord] = Field(default_factory=list)

@@ -32,7 +32,8 @@ from rich.table import Table
 
 REPO = Path(__file__).resolve().parent.parent
 WORKDIR = REPO / ".demo"
-console = Console(stderr=True, highlight=False)
+# Wide enough for the tables when the output is not a terminal (rich assumes 80 columns there).
+console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
 
 
 def port_base(preferred: int, count: int) -> int:
@@ -66,6 +67,15 @@ def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return samples
 
 
+def answers(url: str) -> bool:
+    """The head exporter serves /sd, so Prometheus can start on it."""
+    try:
+        with urllib.request.urlopen(url + "/sd", timeout=2) as response:
+            return response.status == 200 and bool(json.loads(response.read()))
+    except (OSError, ValueError):
+        return False
+
+
 def echo(stream, style: str) -> None:
     for line in stream:
         console.print(line.rstrip("\n"), style=style or None, markup=False, soft_wrap=True)
@@ -89,8 +99,11 @@ def progress_table(exporters: list[dict]) -> Table | None:
     table = Table("node", "rank", "step", "loss", "samples", "checkpoint at", "GPU util", "GPU power",
                   title="what the exporters see", title_justify="left")
     rows = 0
-    for exporter in exporters:
-        samples = scrape(exporter["url"])
+    scraped = [(exporter, scrape(exporter["url"])) for exporter in exporters]
+    # The driver (on the head) saves the checkpoints and reports them to the head's exporter.
+    checkpoints = {labels.get("rank"): value for _, samples in scraped
+                   for labels, value in samples.get("raypulse_train_checkpoint_step", [])}
+    for exporter, samples in scraped:
         gpus = samples.get("raypulse_gpu_utilization_ratio", [])
         power = samples.get("raypulse_gpu_power_usage_watts", [])
         gpu_util = ", ".join(f"{value:.0%}" for _, value in gpus) or "-"
@@ -100,7 +113,7 @@ def progress_table(exporters: list[dict]) -> Table | None:
             rank = labels.get("rank")
             table.add_row(exporter["node"], rank, f"{step:.0f}", _of(samples, "raypulse_train_loss", rank),
                           _of(samples, "raypulse_train_samples_total", rank),
-                          _of(samples, "raypulse_train_checkpoint_step", rank), gpu_util, gpu_power)
+                          f"{checkpoints[rank]:.0f}" if rank in checkpoints else "-", gpu_util, gpu_power)
             rows += 1
         if not steps and gpus:
             table.add_row(exporter["node"], "-", "-", "-", "-", "-", gpu_util, gpu_power)
@@ -136,7 +149,7 @@ def main() -> int:
                "--label", "purpose=demo", *(["--keep-cluster"] if args.keep else []),
                "--", f"python train.py --steps {args.steps} --step-seconds 0.25 --checkpoint-every 40"]
     console.rule("[bold]raypulse demo: launcher submit")
-    console.print("[dim]$ launcher submit " + " ".join(command[2:-1]) + f" -- '{command[-1]}'")
+    console.print("[dim]$ launcher submit " + " ".join(command[2:-2]) + f" -- '{command[-1]}'")
     # The launcher's step lines (stderr) and the job's output (stdout) are shown between the tables.
     launcher = subprocess.Popen(command, env=env, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -156,8 +169,9 @@ def main() -> int:
     record = None
     last_table = 0.0
     while launcher.poll() is None:
-        record = record or cluster_record(home, run_id)
-        if record is not None and alerting is None and not stop.is_set():
+        # Re-read: the exporters' URLs change to the nodes' IPs once every node is alive.
+        record = cluster_record(home, run_id) or record
+        if record is not None and alerting is None and not stop.is_set() and answers(record["exporters"][0]["url"]):
             alerting = start_alerting(record["exporters"][0]["url"], WORKDIR / "prometheus") or False
         if record is not None and time.monotonic() - last_table > 8:
             table = progress_table(record["exporters"])
@@ -171,10 +185,12 @@ def main() -> int:
     console.rule(f"[bold]launcher exited {code}")
     if alerting:
         for promql, what in [
-            (f'max by (rank) (raypulse_train_step{{submission_id=~"{run_id}-a.*"}})', "last step per rank"),
-            (f'sum(raypulse_train_samples_total{{submission_id=~"{run_id}-a.*"}})', "samples trained"),
-            ('avg(avg_over_time(raypulse_gpu_utilization_ratio[1m]))', "mean GPU utilization (simulated)"),
-            (f'max by (state) (max_over_time(raypulse_job_state{{submission_id=~"{run_id}-a.*"}}[5m]))',
+            (f'max by (rank) (max_over_time(raypulse_train_step{{submission_id=~"{run_id}-a.*"}}[10m]))',
+             "last step per rank"),
+            (f'sum(max_over_time(raypulse_train_samples_total{{submission_id=~"{run_id}-a.*"}}[10m]))',
+             "samples trained"),
+            ('avg(avg_over_time(raypulse_gpu_utilization_ratio[10m]))', "mean GPU utilization (simulated)"),
+            (f'max by (state) (max_over_time(raypulse_job_state{{submission_id=~"{run_id}-a.*"}}[10m])) == 1',
              "job states seen"),
         ]:
             result = alerting.query(promql)
@@ -183,7 +199,13 @@ def main() -> int:
             console.print(f"  {what:<34} {shown}   [dim]{promql}")
         for line in alerting.describe():
             console.print(f"  {line}")
-        console.print("  dashboards: import dashboards/json/*.json into Grafana (docs/dashboards.md)")
+        from dashboards.provisioner import provision
+
+        grafana = provision(WORKDIR / "grafana", prometheus_url=alerting.prometheus_url, scrape_interval="5s")
+        for line in grafana.instructions().splitlines():
+            console.print(f"  {line}")
+        if not args.keep:
+            console.print("  (the data source points at this demo's Prometheus: `make demo ARGS=--keep` keeps it up)")
         if args.keep:
             console.print(f"[bold]--keep[/]: Prometheus {alerting.prometheus_url}, cluster {run_id} "
                           f"(launcher down {run_id}); Ctrl-C to stop")

@@ -16,7 +16,7 @@ from exporter.collectors.ray import cluster, jobs, workload
 from exporter.collectors.ray.auth import ray_auth_token
 from exporter.collectors.ray.localray import Raylet, parse_raylet, watched
 from exporter.collectors.ray.procs import Proc
-from exporter.collectors.ray.sd import target_groups
+from exporter.collectors.ray.sd import deployed_ports, target_groups
 from exporter.collectors.ray.workers import Identity, parse_node_view, title_identity
 from exporter.snapshot import SampleSink
 from tests.conftest import REPO
@@ -239,6 +239,19 @@ def test_service_discovery_lists_alive_nodes_with_their_exporter_ports():
                                    "ray_node_id": node.node_id}
     unlabelled = cluster.Node("n1", "fd00::1", "n1", False, True, "", None, None)
     assert target_groups([unlabelled], "", 9477)[0]["targets"] == ["[fd00::1]:9477"]
+
+
+def test_service_discovery_takes_the_port_of_an_exporter_deployed_by_ray_actors():
+    # `launcher exporters deploy` names each node's actor exporter-<node id>-<port>; labels still win.
+    actors = [{"name": "exporter-n1-9501"}, {"name": "supervisor"}, {"name": "exporter-n2-x"}, {"name": None}]
+    assert deployed_ports(actors) == {"n1": 9501}
+    unlabelled = cluster.Node("n1", "10.0.0.7", "n1", False, True, "", None, None)
+    other = cluster.Node("n3", "10.0.0.8", "n3", False, True, "", None, None)
+    groups = target_groups([unlabelled, other], "demo", 9477, deployed_ports(actors))
+    assert [g["targets"] for g in groups] == [["10.0.0.7:9501"], ["10.0.0.8:9477"]]
+    labelled = [cluster.parse_node(row) for row in state_rows("nodes.json")]
+    ports = {node.node_id: 1 for node in labelled}
+    assert target_groups(labelled, "demo", 9477, ports) == target_groups(labelled, "demo", 9477)
 
 
 # -- processes ----------------------------------------------------------------------------------

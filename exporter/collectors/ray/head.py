@@ -23,7 +23,7 @@ from exporter.collectors.ray import cluster, jobs, workload
 from exporter.collectors.ray.dashboard import DashboardError, connect
 from exporter.collectors.ray.localray import LocalRay, Raylet, raylets_on_host
 from exporter.collectors.ray.procs import start_time
-from exporter.collectors.ray.sd import target_groups
+from exporter.collectors.ray.sd import DEPLOY_NAMESPACE, deployed_ports, target_groups
 from exporter.config import ExporterConfig
 from exporter.snapshot import SampleSink
 
@@ -63,9 +63,11 @@ class RayHeadCollector(AsyncCollector):
                 if exc.kind in _RAY_DOWN:
                     return
                 raise
-            nodes_reply, status, groups, actors = await asyncio.gather(
+            nodes_reply, status, groups, actors, deployed = await asyncio.gather(
                 api.state_list("nodes", detail=True), api.json("/api/cluster_status"),
-                api.state_list("placement_groups", detail=True), api.summary("actors"), return_exceptions=True)
+                api.state_list("placement_groups", detail=True), api.summary("actors"),
+                api.state_list("actors", [("ray_namespace", "=", DEPLOY_NAMESPACE), ("state", "=", "ALIVE")]),
+                return_exceptions=True)
             all_jobs = [job for job in (jobs.parse_job(raw) for raw in raw_jobs if isinstance(raw, dict))
                         if job is not None] if isinstance(raw_jobs, list) else []
             exported = jobs.select_jobs(all_jobs, now, self.settings.finished_job_retention_seconds,
@@ -87,7 +89,8 @@ class RayHeadCollector(AsyncCollector):
         if self._usable(nodes_reply, out):
             nodes = [n for n in map(cluster.parse_node, nodes_reply.items) if n is not None]
             cluster.emit_nodes(out, nodes, now, self.settings.finished_job_retention_seconds)
-            self.sd_groups = target_groups(nodes, self.cluster, self.local.exporter_port)
+            ports = deployed_ports(deployed.items) if self._usable(deployed, out) else {}
+            self.sd_groups = target_groups(nodes, self.cluster, self.local.exporter_port, ports)
         if self._usable(status, out) and isinstance(status, dict):
             cluster.emit_resources(out, status.get("data") or {}, nodes)
         if self._usable(actors, out):
