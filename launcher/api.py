@@ -170,7 +170,7 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
     record.pid = os.getpid()
     run_trace = RunTrace(traces_url(spec.otlp_endpoint, os.environ), {
         "raypulse.run_id": spec.run_id, "raypulse.job_name": spec.name, "raypulse.backend": backend,
-        "raypulse.max_attempts": spec.max_attempts})
+        "raypulse.max_attempts": spec.max_attempts}, warn=reporter.warn)
     record.trace_id = run_trace.trace_id
     try:
         with run_trace.current():
