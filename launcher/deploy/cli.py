@@ -1,0 +1,154 @@
+"""`launcher exporters deploy|status|remove` and `launcher prometheus-config`: observe an existing
+Ray cluster (its dashboard URL and token, as for `launcher submit --address`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from launcher import audit
+from launcher.deploy import promconfig, remote
+from launcher.errors import BadInput, InfraError
+from launcher.exitcodes import ExitCode
+from launcher.jobs import JobsClient, read_token
+
+DEFAULT_PORT = 9477  # the exporter's own default; its progress endpoint takes port + 1
+
+
+def _target(func: Callable) -> Callable:
+    func = click.option("--token-path", type=click.Path(path_type=Path),
+                        help="Ray auth token file (else RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH).")(func)
+    return click.option("--address", required=True, metavar="URL", help="The Ray dashboard, http://head:8265.")(func)
+
+
+def _fail(action: str, message: str, code: ExitCode, **details: Any) -> NoReturn:
+    click.echo(f"launcher: {message}", err=True)
+    audit.record(action, "bad input" if code == ExitCode.BAD_INPUT else "error", error=message, **details)
+    sys.exit(int(code))
+
+
+def _client(action: str, address: str, token_path: Path | None) -> JobsClient:
+    try:
+        return JobsClient(address, read_token(token_path))
+    except BadInput as exc:
+        _fail(action, str(exc), ExitCode.BAD_INPUT, address=address)
+
+
+@click.group(name="exporters")
+def exporters_group() -> None:
+    """One raypulse exporter on every node of an existing Ray cluster, placed and kept by Ray."""
+
+
+@exporters_group.command()
+@_target
+@click.option("--port", type=click.IntRange(1, 65534), default=DEFAULT_PORT, show_default=True,
+              help="Each node's exporter port (progress on port+1); nodes sharing an IP take port+2k.")
+@click.option("--cluster", "cluster_name", default="ray", show_default=True, help="The `cluster` label of /sd.")
+@click.option("--simulate-gpus", type=click.IntRange(min=0), default=0, help="Simulated GPUs per node (demos).")
+@click.option("--interval", type=click.FloatRange(0.5, 3600), default=5.0, show_default=True,
+              help="Seconds between the supervisor's rounds (new nodes, dead nodes, dead exporters).")
+@click.option("--start-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+              help="Seconds an exporter may take to answer /healthz before its node counts as failed.")
+@click.option("--pip", multiple=True, metavar="REQ", help="Extra pip requirement for the runtime env (repeatable).")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def deploy(address: str, token_path: Path | None, port: int, cluster_name: str, simulate_gpus: int,
+           interval: float, start_timeout: float, pip: tuple[str, ...], output: str) -> None:
+    """Place an exporter on every alive node, and a supervisor that keeps doing so. Idempotent."""
+    client = _client("exporters.deploy", address, token_path)
+    config = {"port": port, "cluster": cluster_name, "simulate_gpus": simulate_gpus, "interval_s": interval,
+              "start_timeout_s": start_timeout}
+    try:
+        run = remote.run_agent(client, ["deploy", json.dumps(config, sort_keys=True)], pip)
+    except InfraError as exc:
+        _fail("exporters.deploy", str(exc), ExitCode.INFRA_ERROR, address=address)
+    if run.result is None:
+        _fail("exporters.deploy", f"the deploy job {run.submission_id} ended {run.status} without a result "
+              f"(can the cluster import the exporter package?); its log ends:\n{run.logs[-3000:]}",
+              ExitCode.INFRA_ERROR, address=address)
+    if output == "json":
+        click.echo(json.dumps(run.result, indent=2))
+    if "error" in run.result:
+        _fail("exporters.deploy", run.result["error"], ExitCode.BAD_INPUT, address=address)
+    nodes = run.result["nodes"]
+    failed = [node for node in nodes if not node["ok"]]
+    if output == "text":
+        for node in nodes:
+            change = "placed" if node.get("placed_now") else "unchanged"
+            state = "up" if node["ok"] else "FAILED"
+            click.echo(f"{node['node_id'][:16]}  {node['role']:<6} {node.get('url', '-'):<28} "
+                       f"{state:<6} {change}")
+    audit.record("exporters.deploy", "error" if failed else "ok", address=address, nodes=len(nodes),
+                 failed=[node["node_id"] for node in failed])
+    for node in failed:
+        tail = (node.get("stderr_tail") or "").strip()
+        click.echo(f"launcher: node {node['node_id']} ({node['host']}): {node['error']}"
+                   + (f"; the exporter's output ends:\n{tail}" if tail else ""), err=True)
+    if failed:
+        click.echo(f"launcher: {len(failed)} of {len(nodes)} nodes have no working exporter; the supervisor "
+                   "keeps retrying them (`launcher exporters remove` to stop)", err=True)
+        sys.exit(int(ExitCode.FAILED))
+
+
+@exporters_group.command()
+@_target
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def status(address: str, token_path: Path | None, output: str) -> None:
+    """Every alive node with its exporter: URL, up, version. Exits 1 unless every node's answers."""
+    client = _client("exporters.status", address, token_path)
+    try:
+        report = remote.exporters_status(client)
+    except InfraError as exc:
+        _fail("exporters.status", str(exc), ExitCode.INFRA_ERROR, address=address)
+    if output == "json":
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(f"supervisor: {'running' if report['supervisor'] else 'not running'}")
+        click.echo(f"{'NODE ID':<58} {'ADDRESS':<16} {'ROLE':<7} {'EXPORTER':<28} {'UP':<4} VERSION")
+        for row in report["nodes"]:
+            click.echo(f"{row['node_id']:<58} {row['address']:<16} {row['role']:<7} {row['exporter_url'] or '-':<28} "
+                       f"{'yes' if row['up'] else 'no':<4} {row['version'] or '-'}")
+    sys.exit(0 if report["complete"] else int(ExitCode.FAILED))
+
+
+@exporters_group.command()
+@_target
+def remove(address: str, token_path: Path | None) -> None:
+    """Remove the supervisor, every node's actor and its exporter process."""
+    client = _client("exporters.remove", address, token_path)
+    try:
+        run = remote.run_agent(client, ["remove"])
+    except InfraError as exc:
+        _fail("exporters.remove", str(exc), ExitCode.INFRA_ERROR, address=address)
+    if run.result is None or run.result.get("left"):
+        _fail("exporters.remove", f"the remove job {run.submission_id} ended {run.status}; still there: "
+              f"{(run.result or {}).get('left', '?')}; its log ends:\n{run.logs[-3000:]}", ExitCode.INFRA_ERROR,
+              address=address)
+    audit.record("exporters.remove", "ok", address=address, removed=run.result["removed"])
+    click.echo(f"launcher: removed {len(run.result['removed'])} actors (and their exporters)", err=True)
+
+
+@click.command(name="prometheus-config")
+@_target
+@click.option("--scrape-interval", default="15s", show_default=True)
+@click.option("--sd-refresh-interval", default="30s", show_default=True, help="How often Prometheus re-reads /sd.")
+@click.option("--alertmanager", metavar="HOST:PORT", help="Send alerts here.")
+def prometheus_config(address: str, token_path: Path | None, scrape_interval: str, sd_refresh_interval: str,
+                      alertmanager: str | None) -> None:
+    """Print a Prometheus config: every node's exporter through the head exporter's /sd, and the
+    rules of alerts/rules/ (absolute paths)."""
+    client = _client("prometheus-config", address, token_path)
+    try:
+        report = remote.exporters_status(client)
+    except InfraError as exc:
+        _fail("prometheus-config", str(exc), ExitCode.INFRA_ERROR, address=address)
+    head = next((row for row in report["nodes"] if row["role"] == "head" and row["exporter_url"]), None)
+    if head is None:
+        _fail("prometheus-config", f"no exporter is deployed on the head node of {address}; run `launcher "
+              "exporters deploy` first", ExitCode.BAD_INPUT, address=address)
+    click.echo(promconfig.render(head["exporter_url"] + "/sd", scrape_interval, sd_refresh_interval,
+                                 alertmanager), nl=False)

@@ -1,0 +1,127 @@
+"""The launcher's side of `launcher exporters`: it never connects to Ray's GCS. Placing and
+removing run as a short Ray job (the `raypulse_agent` driver, shipped with the exporter package
+through the job's runtime env `py_modules`), so only the dashboard URL and the Ray token are
+needed, as for `launcher submit --address`; status reads Ray's State API over HTTP and asks each
+exporter itself.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import re
+import secrets
+import shlex
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import exporter
+from launcher.deploy import raypulse_agent
+from launcher.deploy.raypulse_agent import NAMESPACE, RESULT_MARKER, SUPERVISOR, parse_node_actor_name
+from launcher.errors import InfraError
+from launcher.jobs import TERMINAL, JobsClient
+
+AGENT_DIR = Path(raypulse_agent.__file__).parent
+EXPORTER_DIR = Path(exporter.__file__).parent
+_VERSION_RE = re.compile(r'^raypulse_exporter_build_info\{[^}]*\bversion="([^"]*)"', re.MULTILINE)
+
+
+@dataclass
+class AgentRun:
+    submission_id: str
+    status: str
+    result: dict[str, Any] | None
+    logs: str
+
+
+def runtime_env(pip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What every raypulse actor runs with: the exporter and the agent as py_modules (+ pip)."""
+    env: dict[str, Any] = {"py_modules": [str(EXPORTER_DIR), str(AGENT_DIR)], "excludes": ["__pycache__"]}
+    if pip:
+        env["pip"] = list(pip)
+    return env
+
+
+def run_agent(client: JobsClient, args: list[str], pip: tuple[str, ...] = (), timeout: float = 600) -> AgentRun:
+    """Run `python -m raypulse_agent ARGS` as a Ray job; its result line, status and log."""
+    # Ray's SDK logs each package upload at INFO on stderr; the result lines are what matter.
+    logging.getLogger("ray.dashboard.modules.dashboard_sdk").setLevel(logging.WARNING)
+    submission_id = f"raypulse-exporters-{args[0]}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    client.submit(submission_id, "python -m raypulse_agent " + shlex.join(args), runtime_env(pip),
+                  {"raypulse.io/tool": "exporters", "raypulse.io/action": args[0]})
+    deadline = time.monotonic() + timeout
+    while True:
+        details = client.details(submission_id)
+        status = str(getattr(details, "status", "PENDING"))
+        status = status.split(".")[-1]  # JobStatus.SUCCEEDED -> SUCCEEDED
+        if status in TERMINAL:
+            break
+        if time.monotonic() > deadline:
+            client.stop(submission_id)
+            raise InfraError(f"the Ray job {submission_id} ({args[0]}) did not finish within {timeout:.0f}s; "
+                             f"see `ray job logs {submission_id}`")
+        time.sleep(0.5)
+    logs = client.logs(submission_id)
+    result = None
+    for line in logs.splitlines():
+        if line.startswith(RESULT_MARKER):
+            result = json.loads(line.removeprefix(RESULT_MARKER))
+    if result is None and details is not None and getattr(details, "message", None):
+        logs += f"\n{details.message}"
+    return AgentRun(submission_id, status, result, logs)
+
+
+def _get(client: JobsClient, url: str, timeout: float = 10) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=client.headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def state_list(client: JobsClient, resource: str, filters: list[tuple[str, str, str]] = ()) -> list[dict[str, Any]]:
+    params = [("limit", "10000"), ("detail", "1")]
+    for key, predicate, value in filters:
+        params += [("filter_keys", key), ("filter_predicates", predicate), ("filter_values", value)]
+    status, body = _get(client, f"{client.address}/api/v0/{resource}?{urllib.parse.urlencode(params)}")
+    if status != 200:
+        raise InfraError(f"the Ray State API ({resource}) answered HTTP {status}: {body[:200]!r}")
+    return json.loads(body)["data"]["result"]["result"]
+
+
+def deployed_actors(client: JobsClient) -> list[dict[str, Any]]:
+    return state_list(client, "actors", [("ray_namespace", "=", NAMESPACE), ("state", "=", "ALIVE")])
+
+
+def probe(url: str, timeout: float = 5) -> tuple[bool, str | None]:
+    """(answers /metrics, the exporter's version from raypulse_exporter_build_info)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=timeout) as reply:
+            text = reply.read().decode(errors="replace")
+    except (OSError, http.client.HTTPException):  # URLError is an OSError
+        return False, None
+    match = _VERSION_RE.search(text)
+    return True, match.group(1) if match else None
+
+
+def exporters_status(client: JobsClient) -> dict[str, Any]:
+    """Every alive node with its deployed exporter (or none), and whether it answers."""
+    nodes = [n for n in state_list(client, "nodes") if n.get("state") == "ALIVE"]
+    actors = deployed_actors(client)
+    ports = {parsed[0]: parsed[1] for a in actors if (parsed := parse_node_actor_name(a.get("name") or ""))}
+    rows = []
+    for node in sorted(nodes, key=lambda n: (not n.get("is_head_node"), n["node_id"])):
+        ip, port = node.get("node_ip", ""), ports.get(node["node_id"])
+        url = f"http://{f'[{ip}]' if ':' in ip else ip}:{port}" if port else None
+        up, version = probe(url) if url else (False, None)
+        rows.append({"node_id": node["node_id"], "address": ip, "role": "head" if node.get("is_head_node") else
+                     "worker", "exporter_url": url, "up": up, "version": version})
+    return {"supervisor": any(a.get("name") == SUPERVISOR for a in actors), "nodes": rows,
+            "complete": bool(rows) and all(row["up"] for row in rows)}

@@ -1,0 +1,338 @@
+"""`launcher exporters deploy|status|remove` and `launcher prometheus-config` on a Ray cluster
+started by hand (plain `ray start`, token auth on, no raypulse node labels, no PYTHONPATH: the
+exporter reaches the nodes only through Ray's runtime env). All nodes share this host, so their
+exporters take distinct ports. The tests run in order on one module-scoped cluster.
+
+Run under `flock /tmp/raypulse-ray.lock` (other Ray tests start clusters too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from exporter.collectors.ray import sd
+from launcher.deploy import raypulse_agent
+from launcher.deploy.raypulse_agent.node import NodeExporter
+from tests.conftest import free_port, http_get, wait_until
+from tests.launcher_support import launcher
+from tests.ray_testcluster import RAY, RayCluster, RayNode, start_prometheus, stop_process
+
+pytestmark = pytest.mark.timeout(900)
+INTERVAL = 2.0  # the supervisor's round, seconds
+
+
+class PlainCluster(RayCluster):
+    """Nodes as someone else would start them: no raypulse labels, no repo on PYTHONPATH."""
+
+    def env(self, node: RayNode | None = None) -> dict[str, str]:
+        env = super().env()
+        env.pop("PYTHONPATH", None)
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # `python` of the job driver
+        return env
+
+    def start_node(self, node: RayNode) -> None:
+        # Not from the checkout: Ray workers would find the repo's packages through their cwd.
+        subprocess.run([RAY, "start", *node.args], env=self.env(node), check=True, capture_output=True, timeout=120,
+                       cwd=self.temp_dir)
+
+    def add_node(self, *, head: bool, num_cpus: int, exporter_port: int | None = None) -> RayNode:
+        node = RayNode(0, 0, head)
+        node.args = ["--num-cpus", str(num_cpus), "--object-store-memory", str(80 * 1024 * 1024),
+                     "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
+                     "--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
+                     "--runtime-env-agent-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+                     "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(free_port()),
+                     "--min-worker-port", str(workers := free_port()), "--max-worker-port", str(workers + 40)]
+        if head:
+            node.args = ["--head", "--temp-dir", str(self.temp_dir), "--port", str(self.gcs_port),
+                         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
+                         "--include-dashboard", "true", "--ray-client-server-port", str(free_port()), *node.args]
+        else:
+            node.args = ["--address", f"127.0.0.1:{self.gcs_port}", *node.args]
+        self.nodes.append(node)
+        self.start_node(node)
+        return node
+
+
+class Deployment:
+    def __init__(self, cluster: PlainCluster, home: Path, token_path: Path, base_port: int) -> None:
+        self.cluster, self.home, self.token_path, self.base_port = cluster, home, token_path, base_port
+
+    def launcher(self, *args: str, timeout: float = 300):
+        return launcher(*args, "--address", self.cluster.dashboard_url, "--token-path", str(self.token_path),
+                        home=self.home, timeout=timeout)
+
+    def deploy(self, *extra: str):
+        return self.launcher("exporters", "deploy", "--port", str(self.base_port), "--interval", str(INTERVAL),
+                             "--cluster", "handmade", "--simulate-gpus", "1", *extra)
+
+    def status(self) -> dict[str, Any]:
+        result = self.launcher("exporters", "status", "-o", "json")
+        return json.loads(result.stdout)
+
+    def alive_node_ids(self) -> set[str]:
+        nodes = self.cluster.api("/api/v0/nodes?limit=100")["data"]["result"]["result"]
+        return {n["node_id"] for n in nodes if n["state"] == "ALIVE"}
+
+    def raypulse_actors(self) -> list[dict[str, Any]]:
+        path = ("/api/v0/actors?limit=1000&filter_keys=ray_namespace&filter_predicates=%3D&filter_values="
+                + raypulse_agent.NAMESPACE)
+        return [a for a in self.cluster.api(path)["data"]["result"]["result"] if a["state"] != "DEAD"]
+
+    def sd(self) -> list[dict[str, Any]]:
+        head = next(row for row in self.status()["nodes"] if row["role"] == "head")
+        status, _, body = http_get(head["exporter_url"] + "/sd")
+        assert status == 200, body
+        return json.loads(body)
+
+    def all_up(self, nodes: int) -> bool:
+        report = self.status()
+        return len(report["nodes"]) == nodes and report["complete"]
+
+
+def listen_port(cmdline: list[str]) -> int | None:
+    if "exporter" in cmdline and "serve" in cmdline and "--listen" in cmdline:
+        return int(cmdline[cmdline.index("--listen") + 1].rpartition(":")[2])
+    return None
+
+
+def exporter_processes(base_port: int, port: int | None = None) -> list[psutil.Process]:
+    """Exporter processes listening in this test's port range (not other tests' exporters)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        listen = listen_port(process.info["cmdline"] or [])
+        if listen is not None and base_port <= listen < base_port + 40 and port in (None, listen):
+            found.append(process)
+    return found
+
+
+def free_base_below_ephemeral(ports: int) -> int:
+    """A base whose next `ports` ports are free, under Linux's ephemeral range (32768+), so that no
+    client socket of this host is handed one of them."""
+    for _ in range(200):
+        base = random.randrange(20000, 32000, 2)
+        if all(_free(port) for port in range(base, base + ports)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory) -> Iterator[Deployment]:
+    temp = Path(tempfile.mkdtemp(prefix="rpd-"))  # short: Ray's socket paths live under it
+    cluster = PlainCluster(temp_dir=temp, token=os.urandom(16).hex(), gcs_port=free_port(),
+                           dashboard_port=free_port())
+    home = tmp_path_factory.mktemp("home")
+    token_path = home / "token"
+    token_path.write_text(cluster.token)
+    base = free_base_below_ephemeral(20)
+    try:
+        cluster.add_node(head=True, num_cpus=1)
+        cluster.add_node(head=False, num_cpus=1)
+        cluster.add_node(head=False, num_cpus=1)
+        cluster.wait_ready(3)
+        yield Deployment(cluster, home, token_path, base)
+    finally:
+        cluster.kill()
+        shutil.rmtree(temp, ignore_errors=True)
+        for log in Path(tempfile.gettempdir()).glob("raypulse-exporter-*.log"):
+            if base <= int(log.stem.rpartition("-")[2]) < base + 40:
+                log.unlink(missing_ok=True)
+        for process in exporter_processes(base):  # what the actors' death did not take with it
+            process.kill()
+
+
+def test_the_agent_and_the_exporter_agree_on_the_registry_names():
+    assert (sd.DEPLOY_NAMESPACE, sd.DEPLOYED_ACTOR_PREFIX) == (raypulse_agent.NAMESPACE,
+                                                                raypulse_agent.NODE_ACTOR_PREFIX)
+    assert sd.deployed_ports([{"name": raypulse_agent.node_actor_name("abc", 9501)}]) == {"abc": 9501}
+
+
+def test_a_node_actor_starts_restarts_and_stops_its_exporter(tmp_path: Path):
+    # The actor's class without Ray: what runs on each node.
+    port = free_base_below_ephemeral(2)
+    node = NodeExporter("n1", "127.0.0.1", port, "worker",
+                        {"dashboard_url": "http://127.0.0.1:1", "cluster": "unit", "start_timeout_s": 30})
+    try:
+        first = node.ensure()
+        assert first["ok"], first
+        assert (first["url"], first["starts"]) == (f"http://127.0.0.1:{port}", 1)
+        assert node.ensure()["pid"] == first["pid"]  # running: left alone
+        psutil.Process(first["pid"]).kill()
+        psutil.Process(first["pid"]).wait(10)
+        second = node.ensure()
+        assert second["ok"], second
+        assert second["pid"] != first["pid"]
+        assert second["starts"] == 2
+    finally:
+        node.stop()
+    assert not psutil.pid_exists(second["pid"]) or psutil.Process(second["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert not node.log.exists()
+
+    with socket.socket() as blocker:  # the port is taken: a failure with the exporter's own words
+        blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        blocker.bind(("127.0.0.1", port))
+        blocker.listen()
+        taken = NodeExporter("n1", "127.0.0.1", port, "worker",
+                             {"dashboard_url": "http://127.0.0.1:1", "cluster": "unit", "start_timeout_s": 30})
+        try:
+            report = taken.ensure()
+        finally:
+            taken.stop()
+    assert not report["ok"]
+    assert "exited with code" in report["error"]
+    assert "address already in use" in report["stderr_tail"].lower()
+
+
+def test_deploy_places_one_exporter_per_node(deployment: Deployment):
+    result = deployment.deploy("-o", "json")
+    assert result.returncode == 0, result.stderr + result.stdout
+    placed = json.loads(result.stdout)
+    assert {node["node_id"] for node in placed["nodes"]} == deployment.alive_node_ids()
+    assert all(node["ok"] and node["placed_now"] for node in placed["nodes"])
+    assert sorted(node["role"] for node in placed["nodes"]) == ["head", "worker", "worker"]
+    # Nodes share this host: each takes its own pair of ports.
+    assert sorted(node["port"] for node in placed["nodes"]) == [deployment.base_port + k for k in (0, 2, 4)]
+    # The exporter came through the runtime env (py_modules), not from this checkout.
+    for node in placed["nodes"]:
+        assert "runtime_resources" in node["exporter_module"], node["exporter_module"]
+
+    text = deployment.launcher("exporters", "status")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith("supervisor: running\nNODE ID")
+    assert sum(" yes " in line for line in text.stdout.splitlines()) == 3
+    report = deployment.status()
+    assert report["supervisor"]
+    assert report["complete"]
+    for row in report["nodes"]:
+        assert row["up"]
+        assert row["version"]
+        status, _, body = http_get(row["exporter_url"] + "/metrics")
+        assert status == 200
+        assert b"raypulse_exporter_build_info" in body
+    # The head exporter's /sd lists all three, at the ports the actors are named with.
+    urls = {row["exporter_url"].removeprefix("http://") for row in report["nodes"]}
+    wait_until(lambda: {t for g in deployment.sd() for t in g["targets"]} == urls, 60, "/sd to list 3 exporters")
+    assert {g["labels"]["cluster"] for g in deployment.sd()} == {"handmade"}
+    assert len(exporter_processes(deployment.base_port)) == 3
+
+    # A second deploy changes nothing: same actors, same exporter processes.
+    pids = {node["node_id"]: node["pid"] for node in placed["nodes"]}
+    again = deployment.deploy("-o", "json")
+    assert again.returncode == 0, again.stderr
+    second = json.loads(again.stdout)
+    assert second["supervisor_existed"]
+    assert not any(node["placed_now"] for node in second["nodes"])
+    assert {node["node_id"]: node["pid"] for node in second["nodes"]} == pids
+    assert len(deployment.raypulse_actors()) == 4  # supervisor + one per node
+    # Other settings are refused rather than half-applied.
+    other = deployment.launcher("exporters", "deploy", "--port", str(deployment.base_port + 20))
+    assert other.returncode == 2
+    assert "already deployed with other settings" in other.stderr
+
+
+def test_a_node_that_joins_gets_an_exporter(deployment: Deployment):
+    deployment.cluster.add_node(head=False, num_cpus=1)
+    deployment.cluster.wait_ready(4)
+    # Within the supervisor's round (plus worker and runtime env start-up on the new node).
+    wait_until(lambda: deployment.all_up(4), 90, "the fourth node's exporter", interval=1)
+    urls = {row["exporter_url"].removeprefix("http://") for row in deployment.status()["nodes"]}
+    wait_until(lambda: {t for g in deployment.sd() for t in g["targets"]} == urls, 60, "/sd to list 4 exporters")
+
+
+def test_an_exporter_that_dies_is_replaced(deployment: Deployment):
+    worker = next(row for row in deployment.status()["nodes"] if row["role"] == "worker")
+    port = int(worker["exporter_url"].rpartition(":")[2])
+    [victim] = exporter_processes(deployment.base_port, port)
+    victim.kill()
+    victim.wait(10)
+
+    def replaced() -> bool:
+        again = [p for p in exporter_processes(deployment.base_port, port) if p.pid != victim.pid]
+        return bool(again) and http_get(worker["exporter_url"] + "/healthz")[0] == 200
+
+    wait_until(replaced, 60, "a new exporter on the same port", interval=0.5)
+    assert len(exporter_processes(deployment.base_port)) == 4
+
+    # The actor's own worker dies: its exporter goes with it, and the supervisor places a new actor.
+    [exporter] = exporter_processes(deployment.base_port, port)
+    actor_worker = exporter.parent()
+    actor_worker.kill()
+    exporter.wait(15)
+
+    def placed_again() -> bool:
+        again = exporter_processes(deployment.base_port, port)
+        return bool(again) and again[0].parent().pid != actor_worker.pid and deployment.all_up(4)
+
+    wait_until(placed_again, 90, "a new actor and exporter on the node", interval=1)
+    assert len(exporter_processes(deployment.base_port)) == 4
+    assert len(deployment.raypulse_actors()) == 5
+
+
+def test_prometheus_discovers_and_scrapes_every_node(deployment: Deployment, tmp_path: Path):
+    result = deployment.launcher("prometheus-config", "--scrape-interval", "1s", "--sd-refresh-interval", "1s")
+    assert result.returncode == 0, result.stderr
+    assert "http_sd_configs" in result.stdout
+    process, prometheus = start_prometheus(tmp_path, result.stdout)
+    try:
+        def all_up() -> bool:
+            up = prometheus.query('up{job="raypulse"}')
+            return len(up) == 4 and all(r["value"][1] == "1" for r in up)
+
+        wait_until(all_up, 90, "Prometheus to scrape 4 exporters", interval=1)
+        nodes = {r["metric"]["ray_node_id"] for r in prometheus.query('up{job="raypulse"}')}
+        assert nodes == deployment.alive_node_ids()
+        rules = prometheus.api("/api/v1/rules")["data"]["groups"]
+        assert len(rules) >= 5  # alerts/rules/*.yaml loaded from their absolute paths
+    finally:
+        stop_process(process)
+
+
+def test_remove_leaves_nothing_behind(deployment: Deployment):
+    result = deployment.launcher("exporters", "remove")
+    assert result.returncode == 0, result.stderr
+    wait_until(lambda: not deployment.raypulse_actors(), 30, "no raypulse actor")
+    wait_until(lambda: not exporter_processes(deployment.base_port), 30, "no exporter process")
+    status = deployment.launcher("exporters", "status", "-o", "json")
+    assert status.returncode == 1
+    assert not json.loads(status.stdout)["supervisor"]
+
+
+def test_a_node_that_cannot_start_its_exporter_fails_the_deploy(deployment: Deployment):
+    # The first node's port is taken: its exporter cannot listen, and the deploy says where and why.
+    with socket.socket() as blocker:
+        blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # earlier scrapes may linger in TIME_WAIT
+        blocker.bind(("0.0.0.0", deployment.base_port))
+        blocker.listen()
+        result = deployment.deploy("--start-timeout", "30")
+        try:
+            assert result.returncode == 1, result.stderr
+            assert f"1 of {len(deployment.alive_node_ids())} nodes have no working exporter" in result.stderr
+            head = next(row for row in deployment.status()["nodes"] if row["role"] == "head")
+            assert f"node {head['node_id']}" in result.stderr
+            assert "exited with code" in result.stderr
+            assert "address already in use" in result.stderr.lower()
+        finally:
+            removed = deployment.launcher("exporters", "remove")
+    assert removed.returncode == 0, removed.stderr
+    wait_until(lambda: not exporter_processes(deployment.base_port), 30, "no exporter process")
