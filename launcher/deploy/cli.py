@@ -55,10 +55,15 @@ def exporters_group() -> None:
 @click.option("--start-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
               help="Seconds an exporter may take to answer /healthz before its node counts as failed.")
 @click.option("--pip", multiple=True, metavar="REQ", help="Extra pip requirement for the runtime env (repeatable).")
+@click.option("--with-deps", is_flag=True,
+              help="Also pip-install the exporter's dependencies that Ray does not bring, pinned to this "
+                   "launcher's versions (hosts with Ray only; needs a package index the nodes can reach).")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def deploy(address: str, token_path: Path | None, port: int, cluster_name: str, simulate_gpus: int,
-           interval: float, start_timeout: float, pip: tuple[str, ...], output: str) -> None:
+           interval: float, start_timeout: float, pip: tuple[str, ...], with_deps: bool, output: str) -> None:
     """Place an exporter on every alive node, and a supervisor that keeps doing so. Idempotent."""
+    if with_deps:
+        pip = (*remote.exporter_requirements(), *pip)
     client = _client("exporters.deploy", address, token_path)
     config = {"port": port, "cluster": cluster_name, "simulate_gpus": simulate_gpus, "interval_s": interval,
               "start_timeout_s": start_timeout}

@@ -8,6 +8,7 @@ exporter itself.
 from __future__ import annotations
 
 import http.client
+import importlib.metadata
 import json
 import logging
 import re
@@ -38,6 +39,17 @@ class AgentRun:
     status: str
     result: dict[str, Any] | None
     logs: str
+
+
+# What `exporter serve` imports that `ray[default]` does not install (Ray brings aiohttp, pydantic,
+# prometheus-client, pyyaml, click, opentelemetry-sdk). tests/test_deploy_requirements.py keeps
+# this list complete against what the exporter really imports.
+NOT_WITH_RAY = ("pydantic-settings", "bcrypt", "psutil", "nvidia-ml-py")
+
+
+def exporter_requirements() -> tuple[str, ...]:
+    """NOT_WITH_RAY pinned to the versions installed beside this launcher (the ones it was tested with)."""
+    return tuple(f"{dist}=={importlib.metadata.version(dist)}" for dist in NOT_WITH_RAY)
 
 
 def runtime_env(pip: tuple[str, ...] = ()) -> dict[str, Any]:
