@@ -344,9 +344,7 @@ def stop(run_id: str, *, address: str | None = None, cluster: str | None = None,
     """Stop the run's unfinished attempts and tell its launcher not to retry. Returns the
     submission ids that were stopped."""
     record = load_run(run_id)
-    if record is not None:
-        request_stop(run_id)
-    elif not (address or cluster):
+    if record is None and not (address or cluster):
         raise BadInput(f"run_id: no run {run_id!r} is recorded here; give --address or --cluster")
     client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record)
     stopped = []
@@ -355,7 +353,12 @@ def stop(run_id: str, *, address: str | None = None, cluster: str | None = None,
             else record
         for attempt in current.attempts:
             details = client.details(attempt.submission_id)
-            if details is not None and details.status.value not in TERMINAL and client.stop(attempt.submission_id):
+            if details is not None and details.status.value not in TERMINAL:
                 stopped.append(attempt.submission_id)
+    if record is not None:
+        request_stop(run_id)  # first, so that the run's launcher does not retry the attempt stopped below
+    for attempt_id in stopped:
+        # The run's own launcher may see the request and stop it first: either way it is stopped.
+        client.stop(attempt_id)
     audit.record("run.stop", "ok", run_id=run_id, stopped=stopped, trace_id=record.trace_id if record else None)
     return stopped

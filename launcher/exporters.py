@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+GPU_CONTROL_ENV = "RAYPULSE_EXPORTER_GPU__CONTROL_FILE"  # the exporter's own variable for --gpu-control
+
 
 @dataclass(frozen=True)
 class ExporterPlan:

@@ -34,7 +34,7 @@ from opentelemetry import trace
 from launcher import audit
 from launcher.display import Reporter
 from launcher.errors import BadInput, InfraError
-from launcher.exporters import ExporterPlan
+from launcher.exporters import GPU_CONTROL_ENV, ExporterPlan
 from launcher.spec import JobSpec
 from launcher.state import ClusterRecord, ExporterRef, ProcessRef, cluster_dir, write_token
 
@@ -94,12 +94,16 @@ def plan_nodes(spec: JobSpec, cluster: str, gcs_port: int, dashboard_port: int) 
     nodes' pairs interleave without colliding."""
     dashboard = f"http://127.0.0.1:{dashboard_port}"
 
+    def gpu_control(node: str) -> str:
+        """The node's fault-injection file; one shared file when the user's environment names one
+        (RAYPULSE_EXPORTER_GPU__CONTROL_FILE, which the exporters would read anyway)."""
+        return os.environ.get(GPU_CONTROL_ENV) or str(cluster_dir(cluster) / f"gpus-{node}.json")
+
     def exporter(node: str, role: str, index: int, gpus: int) -> ExporterPlan:
         return ExporterPlan(node=node, role=role, port=spec.exporter_port + 2 * index,
                             progress_port=spec.progress_port + 2 * index, dashboard_url=dashboard, cluster=cluster,
                             simulate_gpus=gpus if spec.simulate_gpus else 0,
-                            gpu_control=str(cluster_dir(cluster) / f"gpus-{node}.json") if spec.simulate_gpus and gpus
-                            else None)
+                            gpu_control=gpu_control(node) if spec.simulate_gpus and gpus else None)
 
     def labels(plan: ExporterPlan, group: str) -> str:
         return f"{EXPORTER_PORT_LABEL}={plan.port},raypulse.io/node={plan.node},raypulse.io/group={group}"
@@ -384,13 +388,19 @@ def stop_cluster_processes(record: ClusterRecord, grace: float = STOP_GRACE_S) -
     """SIGTERM the nodes and exporters (each `ray start --block` stops its node's Ray processes),
     wait, then SIGKILL anything of the cluster still alive. Returns how many needed SIGKILL."""
     processes = [process for process in map(_matching, record.processes) if process is not None]
+    # Ray starts its agents (ray::DashboardAgent, ray::RuntimeEnvAgent) without our tag in their
+    # environment, so they are found as the nodes' descendants, taken before the nodes go.
+    family = {process.pid: process for process in processes}
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            family.update((child.pid, child) for child in process.children(recursive=True))
     for process in processes:
         with contextlib.suppress(psutil.Error):
             process.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs(processes, timeout=grace)
+    _, alive = psutil.wait_procs(list(family.values()), timeout=grace)
     # What remains: a node that ignored SIGTERM, or a Ray process that outlived its parent.
     deadline = time.monotonic() + 5
-    stragglers = alive + tagged_processes(record.tag)
+    stragglers = list({process.pid: process for process in alive + tagged_processes(record.tag)}.values())
     while stragglers and time.monotonic() < deadline:
         time.sleep(0.2)
         stragglers = [process for process in stragglers if _running(process)]
