@@ -19,6 +19,7 @@ import importlib
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ from launcher.state import (
     request_stop,
 )
 from launcher.tracing import RunTrace, traces_url
+
+JOB_STOP_TIMEOUT_S = 15.0  # `launcher down`: how long the cluster's jobs get to stop before its processes do
 
 
 def as_spec(spec: JobSpec | Mapping[str, Any]) -> JobSpec:
@@ -251,12 +254,38 @@ def down(name: str, *, reporter: Reporter | None = None) -> int:
     if record is None:
         raise BadInput(f"cluster: no running local cluster named {name!r} (see `launcher list`)")
     reporter = reporter or Reporter()
+    stopped = _stop_jobs(name)
+    if stopped:
+        reporter.info(f"stopped {len(stopped)} unfinished job(s) first: {', '.join(stopped)}")
     reporter.step("down", f"tearing down cluster {name}")
     killed = stop_cluster_processes(record)
     forget_cluster(record)
     reporter.done("down", f"cluster {name} torn down" + (f"; {killed} process(es) needed SIGKILL" if killed else ""))
     audit.record("cluster.down", "ok", cluster=name, killed=killed or None)
     return killed
+
+
+def _stop_jobs(name: str, timeout: float = JOB_STOP_TIMEOUT_S) -> list[str]:
+    """Stop a kept cluster's unfinished jobs through the Jobs API before its processes: the drivers
+    end cleanly, the launchers following them record STOPPED (and do not retry) and close their log
+    streams, which Ray's dashboard otherwise waits on until it is killed. Best effort: a cluster
+    that does not answer is torn down all the same."""
+    try:
+        client = cluster_client(name)[1]
+        unfinished = [job for job in client.list() if job.submission_id and job.status.value not in TERMINAL]
+        for job in unfinished:
+            run_id = (job.metadata or {}).get("raypulse.run_id")
+            if run_id and load_run(run_id) is not None:
+                request_stop(run_id)
+        stopping = [job.submission_id for job in unfinished if client.stop(job.submission_id)]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(
+                (details := client.details(job)) is not None and details.status.value not in TERMINAL
+                for job in stopping):
+            time.sleep(0.5)
+    except (BadInput, InfraError, RuntimeError, OSError):
+        return []
+    return stopping
 
 
 # --- runs after the fact -------------------------------------------------------------------------

@@ -283,3 +283,24 @@ def test_python_api_submits_and_waits(home: Path, kept: dict, monkeypatch):
     assert launcher.status("api-1").state == "SUCCEEDED"
     with pytest.raises(launcher.BadInput, match="cluster: no running local cluster named 'nope'"):
         launcher.submit({"entrypoint": "true", "cluster": "nope"})
+
+
+def test_down_stops_a_running_job_first_and_its_submit_exits_3(home: Path):
+    exporter_port, progress_port = free_base(2)
+    result = launcher("up", "--name", "busy", "--workers", "1", "--exporter-port", str(exporter_port),
+                      "--progress-port", str(progress_port), home=home)
+    assert result.returncode == 0, result.stderr
+    process = start_launcher("submit", "--cluster", "busy", "--run-id", "busy-1", "--max-retries", "2", "--",
+                             "sleep 300", home=home)
+    run_file = home / "runs" / "busy-1" / "run.json"
+    wait_until(lambda: run_file.exists() and json.loads(run_file.read_text())["state"] == "RUNNING", 90,
+               "the run to be RUNNING")
+    result = launcher("down", "busy", home=home)
+    assert result.returncode == 0, result.stderr
+    assert "stopped 1 unfinished job(s) first: busy-1-a1" in result.stderr
+    # The run's launcher closed its log stream, so Ray's dashboard had nothing to wait for.
+    assert "needed SIGKILL" not in result.stderr, result.stderr
+    assert process.wait(60) == 3, process.stderr.read()
+    record = status_json("busy-1", home)
+    assert (record["state"], len(record["attempts"])) == ("STOPPED", 1)  # stopped, not retried
+    assert not cluster_processes("busy"), describe(cluster_processes("busy"))
