@@ -17,15 +17,21 @@ from typing import Any
 import psutil
 
 
+def free_port_range(ports: int) -> int:
+    """A base whose next `ports` ports are free now, under Linux's ephemeral range (32768+), so that
+    no client socket of this host is handed one of them while a test expects a server there."""
+    for _ in range(200):
+        base = random.randrange(20000, 32000, 2)
+        if all(_free(port) for port in range(base, base + ports)):
+            return base
+    raise RuntimeError("no free port range")
+
+
 def free_base(nodes: int) -> tuple[int, int]:
     """Exporter and progress port bases whose 2 * nodes ports (node i: base + 2i, base + 1 + 2i)
     are all free now."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000, 2)
-        ports = range(base, base + 2 * nodes)
-        if all(_free(port) for port in ports):
-            return base, base + 1
-    raise RuntimeError("no free port range")
+    base = free_port_range(2 * nodes)
+    return base, base + 1
 
 
 def _free(port: int) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -26,7 +25,7 @@ from exporter.collectors.ray import sd
 from launcher.deploy import raypulse_agent
 from launcher.deploy.raypulse_agent.node import NodeExporter
 from tests.conftest import free_port, http_get, wait_until
-from tests.launcher_support import launcher
+from tests.launcher_support import free_port_range, launcher
 from tests.ray_testcluster import RAY, RayCluster, RayNode, start_prometheus, stop_process
 
 pytestmark = pytest.mark.timeout(900)
@@ -118,25 +117,6 @@ def exporter_processes(base_port: int, port: int | None = None) -> list[psutil.P
     return found
 
 
-def free_base_below_ephemeral(ports: int) -> int:
-    """A base whose next `ports` ports are free, under Linux's ephemeral range (32768+), so that no
-    client socket of this host is handed one of them."""
-    for _ in range(200):
-        base = random.randrange(20000, 32000, 2)
-        if all(_free(port) for port in range(base, base + ports)):
-            return base
-    raise RuntimeError("no free port range")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return False
-        return True
-
-
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory) -> Iterator[Deployment]:
     temp = Path(tempfile.mkdtemp(prefix="rpd-"))  # short: Ray's socket paths live under it
@@ -145,7 +125,7 @@ def deployment(tmp_path_factory) -> Iterator[Deployment]:
     home = tmp_path_factory.mktemp("home")
     token_path = home / "token"
     token_path.write_text(cluster.token)
-    base = free_base_below_ephemeral(20)
+    base = free_port_range(20)
     try:
         cluster.add_node(head=True, num_cpus=1)
         cluster.add_node(head=False, num_cpus=1)
@@ -170,7 +150,7 @@ def test_the_agent_and_the_exporter_agree_on_the_registry_names():
 
 def test_a_node_actor_starts_restarts_and_stops_its_exporter(tmp_path: Path):
     # The actor's class without Ray: what runs on each node.
-    port = free_base_below_ephemeral(2)
+    port = free_port_range(2)
     node = NodeExporter("n1", "127.0.0.1", port, "worker",
                         {"dashboard_url": "http://127.0.0.1:1", "cluster": "unit", "start_timeout_s": 30})
     try:

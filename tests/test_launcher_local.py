@@ -40,7 +40,7 @@ pytestmark = pytest.mark.timeout(300)
 INLINE_JOB = """echo 'import os, ray
 ray.init()
 
-@ray.remote(num_cpus=1)
+@ray.remote(num_cpus=1, scheduling_strategy="SPREAD")  # both workers, as the test expects
 def square(x):
     return x * x, os.environ.get("RAYPULSE_PROGRESS_URL"), ray.get_runtime_context().get_node_id()
 
