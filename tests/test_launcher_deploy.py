@@ -24,16 +24,19 @@ import pytest
 from exporter.collectors.ray import sd
 from launcher.deploy import raypulse_agent
 from launcher.deploy.raypulse_agent.node import NodeExporter
-from tests.conftest import free_port, http_get, wait_until
+from tests.conftest import http_get, wait_until
 from tests.launcher_support import free_port_range, launcher
 from tests.ray_testcluster import RAY, RayCluster, RayNode, start_prometheus, stop_process
 
 pytestmark = pytest.mark.timeout(900)
 INTERVAL = 2.0  # the supervisor's round, seconds
+NODE_PORTS = 48  # Ray's ports per node: 7 fixed ones and 41 for its workers
 
 
 class PlainCluster(RayCluster):
     """Nodes as someone else would start them: no raypulse labels, no repo on PYTHONPATH."""
+
+    node_ports = 0  # first port of the nodes' ranges (NODE_PORTS each), set by the fixture
 
     def env(self, node: RayNode | None = None) -> dict[str, str]:
         env = super().env()
@@ -43,21 +46,25 @@ class PlainCluster(RayCluster):
 
     def start_node(self, node: RayNode) -> None:
         # Not from the checkout: Ray workers would find the repo's packages through their cwd.
-        subprocess.run([RAY, "start", *node.args], env=self.env(node), check=True, capture_output=True, timeout=120,
-                       cwd=self.temp_dir)
+        result = subprocess.run([RAY, "start", *node.args], env=self.env(node), capture_output=True, text=True,
+                                timeout=120, cwd=self.temp_dir)
+        assert result.returncode == 0, f"ray start {' '.join(node.args)} failed:\n{result.stdout}\n{result.stderr}"
 
     def add_node(self, *, head: bool, num_cpus: int, exporter_port: int | None = None) -> RayNode:
         node = RayNode(0, 0, head)
+        # Every port of the node from the module's free range below the ephemeral ports: a port
+        # picked by binding to 0 can be handed to some client socket before Ray binds it.
+        base = self.node_ports + NODE_PORTS * len(self.nodes)
         node.args = ["--num-cpus", str(num_cpus), "--object-store-memory", str(80 * 1024 * 1024),
                      "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
-                     "--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
-                     "--runtime-env-agent-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-                     "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(free_port()),
-                     "--min-worker-port", str(workers := free_port()), "--max-worker-port", str(workers + 40)]
+                     "--node-manager-port", str(base), "--object-manager-port", str(base + 1),
+                     "--runtime-env-agent-port", str(base + 2), "--dashboard-agent-grpc-port", str(base + 3),
+                     "--dashboard-agent-listen-port", str(base + 4), "--metrics-export-port", str(base + 5),
+                     "--min-worker-port", str(base + 7), "--max-worker-port", str(base + 47)]
         if head:
             node.args = ["--head", "--temp-dir", str(self.temp_dir), "--port", str(self.gcs_port),
                          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
-                         "--include-dashboard", "true", "--ray-client-server-port", str(free_port()), *node.args]
+                         "--include-dashboard", "true", "--ray-client-server-port", str(base + 6), *node.args]
         else:
             node.args = ["--address", f"127.0.0.1:{self.gcs_port}", *node.args]
         self.nodes.append(node)
@@ -120,12 +127,14 @@ def exporter_processes(base_port: int, port: int | None = None) -> list[psutil.P
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory) -> Iterator[Deployment]:
     temp = Path(tempfile.mkdtemp(prefix="rpd-"))  # short: Ray's socket paths live under it
-    cluster = PlainCluster(temp_dir=temp, token=os.urandom(16).hex(), gcs_port=free_port(),
-                           dashboard_port=free_port())
+    # One free range for everything of the module: the exporters (base..base+39), the head's GCS and
+    # dashboard, then up to 5 nodes' Ray ports; separate picks could overlap before Ray binds them.
+    base = free_port_range(50 + 5 * NODE_PORTS)
+    cluster = PlainCluster(temp_dir=temp, token=os.urandom(16).hex(), gcs_port=base + 40, dashboard_port=base + 41)
+    cluster.node_ports = base + 50
     home = tmp_path_factory.mktemp("home")
     token_path = home / "token"
     token_path.write_text(cluster.token)
-    base = free_port_range(20)
     try:
         cluster.add_node(head=True, num_cpus=1)
         cluster.add_node(head=False, num_cpus=1)
