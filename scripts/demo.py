@@ -184,35 +184,38 @@ def main() -> int:
         reader.join(5)
     console.rule(f"[bold]launcher exited {code}")
     if alerting:
-        for promql, what in [
-            (f'max by (rank) (max_over_time(raypulse_train_step{{submission_id=~"{run_id}-a.*"}}[10m]))',
-             "last step per rank"),
-            (f'sum(max_over_time(raypulse_train_samples_total{{submission_id=~"{run_id}-a.*"}}[10m]))',
-             "samples trained"),
-            ('avg(avg_over_time(raypulse_gpu_utilization_ratio[10m]))', "mean GPU utilization (simulated)"),
-            (f'max by (state) (max_over_time(raypulse_job_state{{submission_id=~"{run_id}-a.*"}}[10m])) == 1',
-             "job states seen"),
-        ]:
-            result = alerting.query(promql)
-            shown = ", ".join(f"{'/'.join(item['metric'].values()) or 'all'}={float(item['value'][1]):.4g}"
-                              for item in result) or "no data"
-            console.print(f"  {what:<34} {shown}   [dim]{promql}")
-        for line in alerting.describe():
-            console.print(f"  {line}")
-        from dashboards.provisioner import provision
+        try:
+            for promql, what in [
+                (f'max by (rank) (max_over_time(raypulse_train_step{{submission_id=~"{run_id}-a.*"}}[10m]))',
+                 "last step per rank"),
+                (f'sum(max_over_time(raypulse_train_samples_total{{submission_id=~"{run_id}-a.*"}}[10m]))',
+                 "samples trained"),
+                ('avg(avg_over_time(raypulse_gpu_utilization_ratio[10m]))', "mean GPU utilization (simulated)"),
+                (f'max by (state) (max_over_time(raypulse_job_state{{submission_id=~"{run_id}-a.*"}}[10m])) == 1',
+                 "job states seen"),
+            ]:
+                result = alerting.query(promql)
+                shown = ", ".join(f"{'/'.join(item['metric'].values()) or 'all'}={float(item['value'][1]):.4g}"
+                                  for item in result) or "no data"
+                console.print(f"  {what:<34} {shown}   [dim]{promql}")
+            for line in alerting.describe():
+                console.print(f"  {line}")
+            from dashboards.provisioner import provision
 
-        grafana = provision(WORKDIR / "grafana", prometheus_url=alerting.prometheus_url, scrape_interval="5s")
-        for line in grafana.instructions().splitlines():
-            console.print(f"  {line}")
-        if not args.keep:
-            console.print("  (the data source points at this demo's Prometheus: `make demo ARGS=--keep` keeps it up)")
-        if args.keep:
-            console.print(f"[bold]--keep[/]: Prometheus {alerting.prometheus_url}, cluster {run_id} "
-                          f"(launcher down {run_id}); Ctrl-C to stop")
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            with contextlib.suppress(KeyboardInterrupt):
-                signal.pause()
-        alerting.stop()
+            grafana = provision(WORKDIR / "grafana", prometheus_url=alerting.prometheus_url, scrape_interval="5s")
+            for line in grafana.instructions().splitlines():
+                console.print(f"  {line}")
+            if not args.keep:
+                console.print("  (the data source points at this demo's Prometheus: "
+                              "`make demo ARGS=--keep` keeps it up)")
+            if args.keep:
+                console.print(f"[bold]--keep[/]: Prometheus {alerting.prometheus_url}, cluster {run_id} "
+                              f"(launcher down {run_id}); Ctrl-C to stop")
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                with contextlib.suppress(KeyboardInterrupt):
+                    signal.pause()
+        finally:  # Prometheus and Alertmanager never outlive the demo
+            alerting.stop()
     if args.keep and record is not None:
         subprocess.run([str(Path(sys.executable).with_name("launcher")), "down", run_id], env=env, check=False)
     left = leftovers(run_id)
