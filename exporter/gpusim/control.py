@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import pynvml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,8 @@ class Event(_Model):
 
 
 Ratio = Annotated[float, Field(ge=0, le=1)]
+CallNames = Annotated[list[str], AfterValidator(_check_calls)]  # NVML calls (or fields) the simulator knows
+CallErrors = Annotated[dict[str, str], AfterValidator(_check_errors)]  # {call: NVML error name}
 
 
 class GpuControl(_Model):
@@ -90,23 +92,13 @@ class GpuControl(_Model):
     nvlink_down: list[int] = Field(default_factory=list, description="NVLink link indices that are down.")
     ecc_sbe: int = Field(0, ge=0, description="Single-bit (corrected) ECC errors injected so far.")
     ecc_dbe: int = Field(0, ge=0, description="Double-bit (uncorrected) ECC errors injected so far.")
-    hang: list[str] = Field(default_factory=list, description="Calls on this GPU that block until removed.")
-    not_supported: list[str] = Field(default_factory=list, description="Calls or fields answering NOT_SUPPORTED.")
-    errors: dict[str, str] = Field(default_factory=dict, description="Calls failing with an NVML error, e.g. "
+    hang: CallNames = Field(default_factory=list, description="Calls on this GPU that block until removed.")
+    not_supported: CallNames = Field(default_factory=list, description="Calls or fields answering NOT_SUPPORTED.")
+    errors: CallErrors = Field(default_factory=dict, description="Calls failing with an NVML error, e.g. "
                                    "{'nvmlDeviceGetPowerUsage': 'UNKNOWN'}.")
     mig: list[str] = Field(default_factory=list, description="MIG instance profiles, e.g. ['3g.40gb', '3g.40gb'].")
     processes: list[Process] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
-
-    @field_validator("hang", "not_supported")
-    @classmethod
-    def _known_calls(cls, names: list[str]) -> list[str]:
-        return _check_calls(names)
-
-    @field_validator("errors")
-    @classmethod
-    def _known_errors(cls, errors: dict[str, str]) -> dict[str, str]:
-        return _check_errors(errors)
 
     @field_validator("mig")
     @classmethod
@@ -131,22 +123,12 @@ class Control(_Model):
     version: Literal[1] = VERSION
     load: Ratio | None = Field(None, description="Target utilization of every GPU without its own.")
     init_error: str | None = Field(None, description="nvmlInit fails with NVML_ERROR_<this> while set.")
-    hang: list[str] = Field(default_factory=list, description="Calls (any GPU, and system calls) that block.")
-    not_supported: list[str] = Field(default_factory=list, description="Calls or fields answering NOT_SUPPORTED "
+    hang: CallNames = Field(default_factory=list, description="Calls (any GPU, and system calls) that block.")
+    not_supported: CallNames = Field(default_factory=list, description="Calls or fields answering NOT_SUPPORTED "
                                      "on every GPU.")
-    errors: dict[str, str] = Field(default_factory=dict, description="Calls (any GPU, and system calls) failing "
+    errors: CallErrors = Field(default_factory=dict, description="Calls (any GPU, and system calls) failing "
                                    "with an NVML error.")
     gpus: dict[int, GpuControl] = Field(default_factory=dict, description="Per GPU, by NVML index.")
-
-    @field_validator("hang", "not_supported")
-    @classmethod
-    def _known_calls(cls, names: list[str]) -> list[str]:
-        return _check_calls(names)
-
-    @field_validator("errors")
-    @classmethod
-    def _known_errors(cls, errors: dict[str, str]) -> dict[str, str]:
-        return _check_errors(errors)
 
     @field_validator("init_error")
     @classmethod
