@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
 
-.PHONY: install system-deps demo test lint bench bench-launch docs dashboards alerts drill clean
+.PHONY: install system-deps demo test test-quick lint bench bench-launch docs dashboards alerts drill clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,20 +30,24 @@ system-deps:
 # its progress and metrics, Prometheus with the alert rules; leaves nothing running. Ray runs are
 # serialized with the tests and benchmarks on this machine by the same lock.
 demo: install system-deps
-	flock /tmp/raypulse-ray.lock $(PY) scripts/demo.py $(ARGS)
+	flock /tmp/raypulse-ray.lock $(PY) -m scripts.demo $(ARGS)
 
 test: install system-deps lint
 	$(PY) -m pytest
+
+# The quick lane (about a minute): everything but the tests that start Ray or a whole Prometheus stack.
+test-quick: install system-deps lint
+	$(PY) -m pytest -m "not ray and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check .
 
 bench: install system-deps
-	$(PY) bench/scrape.py
+	$(PY) -m bench.scrape
 
 # Launch time: `launcher submit` to RUNNING on head + 2 workers against the same steps by hand.
 bench-launch: install
-	flock /tmp/raypulse-ray.lock $(PY) bench/launch.py
+	flock /tmp/raypulse-ray.lock $(PY) -m bench.launch
 
 docs: install
 	$(VENV)/bin/exporter metrics --format markdown --output docs/metrics.md
@@ -59,7 +63,7 @@ alerts: install
 
 # The alert fault drill (a real Ray cluster, Prometheus, Alertmanager): writes docs/alerts-drill.md.
 drill: install system-deps
-	flock /tmp/raypulse-ray.lock $(PY) -m alerts.drill --output docs/alerts-drill.md
+	flock /tmp/raypulse-ray.lock $(PY) -m scripts.drill --output docs/alerts-drill.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .demo

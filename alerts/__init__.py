@@ -2,5 +2,6 @@
 
 `alerts.config` is the one place to tune (selectors, thresholds, `for` durations); `alerts.groups`
 holds one module per area; `python -m alerts.build` writes the rule files (and the drill variant);
-`alerts.stack` starts Prometheus and Alertmanager with them; `alerts.drill` is the fault drill.
+`alerts.prometheus` finds the rule files and builds the Prometheus configuration that loads them.
+The stack, the webhook receiver and the fault drill that exercise them are harness, under scripts/.
 """

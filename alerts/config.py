@@ -15,7 +15,6 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -54,26 +53,46 @@ def d(text: str) -> Duration:
 
 @dataclass(frozen=True)
 class Tune:
-    """One alert's `for` and its named parameters (Durations scale, numbers do not)."""
+    """One alert's `for` and the parameters its expression uses; unused ones stay None.
+    Durations scale with the drill (`scaled`), numbers do not."""
 
     for_: Duration
-    params: Mapping[str, Any] = field(default_factory=dict)
+    # durations
+    window: Duration | None = None  # a range window: counts, rates or recent events over it
+    history: Duration | None = None  # how far back "what it had" looks
+    age: Duration | None = None  # how old something may get
+    recent: Duration | None = None  # how long an event stays news
+    horizon: Duration | None = None  # how far ahead a prediction looks
+    baseline: Duration | None = None  # the window the normal is taken from
+    skip: Duration | None = None  # the newest part left out of the baseline
+    rate_window: Duration | None = None
+    min_age: Duration | None = None  # younger objects have no baseline yet
+    # numbers
+    ratio: float | None = None
+    errors: float | None = None
+    restarts: float | None = None
+    zscore: float | None = None
+    free_ratio: float | None = None
+    available_ratio: float | None = None
+    stalled_ratio: float | None = None
+    busy_ratio: float | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["params"][name]
-        except KeyError:
-            raise AttributeError(f"tuning has no parameter {name!r}") from None
+    @property
+    def params(self) -> dict[str, Duration | float]:
+        """The parameters this alert sets, by name (for docs/alerts.md)."""
+        return {item.name: getattr(self, item.name) for item in dataclasses.fields(self)
+                if item.name != "for_" and getattr(self, item.name) is not None}
 
     def scaled(self, factor: float, min_window: int) -> Tune:
-        params = {key: value.scaled(factor, min_window) if isinstance(value, Duration) else value
-                  for key, value in self.params.items()}
-        return Tune(self.for_.scaled(factor), params)
+        durations = {name: value.scaled(factor, min_window) for name, value in self.params.items()
+                     if isinstance(value, Duration)}
+        return dataclasses.replace(self, for_=self.for_.scaled(factor), **durations)
 
 
-def tune(for_: str, **params: Any) -> Tune:
-    return Tune(d(for_), {key: d(value) if isinstance(value, str) and _DURATION_RE.match(value) and value else value
-                          for key, value in params.items()})
+def tune(for_: str, **params: str | float) -> Tune:
+    """`tune("5m", window="15m", ratio=0.1)`: strings are durations, numbers thresholds."""
+    return Tune(d(for_), **{key: d(value) if isinstance(value, str) else float(value)
+                            for key, value in params.items()})
 
 
 # XIDs whose NVIDIA resolution bucket is "reset the GPU / reboot / contact support" (not RESTART_APP):
@@ -143,9 +162,11 @@ TUNING: dict[str, Tune] = {
 
 @dataclass(frozen=True)
 class Config:
-    # Selects raypulse's scrape targets: the `up` series and nothing else use it (our metric names
-    # are unique), so it only has to match the Prometheus job name you gave the exporters.
-    exporter_selector: str = 'job="raypulse"'
+    # The Prometheus job name raypulse's exporters are scraped under (alerts/prometheus.py names the
+    # scrape job so), and the selector of their `up` series: nothing else uses it (our metric names
+    # are unique), so it only has to match the job name you gave the exporters.
+    scrape_job: str = "raypulse"
+    exporter_selector: str = ""  # default: job="<scrape_job>"
     # Where docs/runbooks.md is published; each alert links to `#<alertname lowercased>`.
     runbook_base: str = "https://github.com/raypulse/raypulse/blob/main/docs/runbooks.md"
     critical_xids: tuple[int, ...] = CRITICAL_XIDS
@@ -154,7 +175,8 @@ class Config:
     @property
     def up(self) -> str:
         """The `up` series of raypulse's scrape targets."""
-        return f"up{{{self.exporter_selector}}}"
+        selector = self.exporter_selector or f'job="{self.scrape_job}"'
+        return f"up{{{selector}}}"
 
     def tune(self, key: str) -> Tune:
         try:

@@ -8,7 +8,7 @@ series do to scrapes, against the same exporter with the GPU collectors off.
    --disable-collector gpu_events`, scraped as Prometheus scrapes (bench/scrape.py's client), in
    alternating rounds; plus each one's background CPU per 5 s collection cycle.
 
-    python bench/gpu.py [--runs 200] [--requests 320] [--rounds 3]
+    python -m bench.gpu [--runs 200] [--requests 320] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scrape import cpu_seconds, free_port, hammer, percentile, series_count, wait_ready
+from bench.scrape import cpu_seconds, free_port, hammer, percentile, series_count, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))

@@ -7,7 +7,7 @@ mode, temp dir and the per-node ports that several nodes on one host need):
 then polling the Jobs API until the job is RUNNING. The launcher does all of that and starts one
 exporter per node. Rounds alternate between the two so machine noise hits both alike.
 
-    flock /tmp/raypulse-ray.lock python bench/launch.py [--rounds 3]
+    flock /tmp/raypulse-ray.lock python -m bench.launch [--rounds 3]
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,16 +29,12 @@ from pathlib import Path
 
 import psutil
 
+from scripts.ports import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 JOB = ["python", "-c", "import time; time.sleep(8)"]
 POLL_S = 0.25  # the launcher polls job status at this interval too
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def job_status(dashboard: str, token: str, submission_id: str) -> str | None:

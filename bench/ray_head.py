@@ -11,7 +11,7 @@ exporter (`--ray-role head`, default intervals) runs `--cycles` cycles with the 
 window (100 finished jobs exported) and again exporting every finished job. Prints a markdown
 table and the targets (cycle < 1 s, RSS < 120 MB). Start Ray only under the shared lock:
 
-    flock /tmp/raypulse-ray.lock .venv/bin/python bench/ray_head.py [--jobs 1000] [--tasks 10000]
+    flock /tmp/raypulse-ray.lock .venv/bin/python -m bench.ray_head [--jobs 1000] [--tasks 10000]
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import wire
+from scripts.ports import free_port
+from tests.ray_testcluster import RayCluster, start_cluster, start_exporter, stop_process
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from tests.conftest import free_port  # noqa: E402
-from tests.ray_testcluster import RayCluster, start_cluster, start_exporter, stop_process  # noqa: E402
 
 TASKS_JOB = """
 import ray
@@ -85,7 +85,7 @@ def populate(cluster: RayCluster, jobs: int, submitted: int, tasks: int, work: P
     started = time.monotonic()
     script = work / "tasks_job.py"
     script.write_text(TASKS_JOB.format(tasks=tasks, failing=max(1, tasks // 100)))
-    cluster.submit(f"{sys.executable} {script}", "bench-tasks", {"raypulse.job_name": "tasks"})
+    cluster.submit(f"{sys.executable} {script}", "bench-tasks", {wire.META_JOB_NAME: "tasks"})
     cluster.wait_job("bench-tasks", {"SUCCEEDED", "FAILED"}, timeout=1800)
     drivers = max(0, jobs - submitted)
     if drivers:

@@ -4,7 +4,7 @@ Both run on loopback in the same run and are scraped the way Prometheus scrapes 
 Accept header, gzip, keep-alive), by 1 and then 32 concurrent clients, in alternating rounds so
 machine noise hits both alike. Prints a markdown table and the ratios.
 
-    python bench/scrape.py [--requests 400] [--rounds 3]
+    python -m bench.scrape [--requests 400] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,16 +23,12 @@ from pathlib import Path
 
 import aiohttp
 
+from scripts.ports import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
           "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:

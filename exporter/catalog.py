@@ -96,7 +96,8 @@ class Catalog:
 
 
 def naming_problems(spec: MetricSpec) -> list[str]:
-    """The conventions of DESIGN.md as checks; an empty list means the spec is fine."""
+    """The naming conventions (docs/metrics.md: prefix, domain, base units, _total on counters) as
+    checks; an empty list means the spec is fine."""
     problems: list[str] = []
     if not _NAME_RE.match(spec.name) or "__" in spec.name:
         problems.append("name must be raypulse_ followed by snake_case")

@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from exporter import __version__
-from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig, load_config
+from exporter import __version__, plugins
+from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig
 from exporter.gpusim.cli import gpu_fault
 
 EXIT_CONFIG_ERROR = 2
@@ -57,7 +57,7 @@ def _flags(enable: tuple[str, ...] = (), disable: tuple[str, ...] = (), **values
 
 def _load(config_file: Path | None, **flag_args: Any) -> ExporterConfig:
     try:
-        config = load_config(_flags(**flag_args), config_file)
+        config = plugins.load(_flags(**flag_args), config_file)
         if config.web_config_file is not None:
             from exporter.webconfig import load_web_config
 

@@ -4,6 +4,11 @@ A collector knows one source and nothing else: the scheduler owns intervals, dea
 threads, health and errors (node_exporter's `registerCollector` + `execute` split).
 Blocking collectors (procfs, sysfs, NVML) implement `collect` and run in a thread of their
 own; collectors that talk HTTP implement `AsyncCollector.collect` as a coroutine.
+
+What a collector gets from the framework: the configuration, and `Shared` (exporter/shared.py),
+the typed slots through which the exporter's parts hand each other data (the GPU process table,
+the XID counts, the training progress store, the /sd targets). A collector never reaches into
+another collector.
 """
 
 from __future__ import annotations
@@ -11,11 +16,12 @@ from __future__ import annotations
 import abc
 import importlib
 import pkgutil
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
+from exporter.config import ExporterConfig
+from exporter.shared import Shared
+
 if TYPE_CHECKING:
-    from exporter.config import ExporterConfig
     from exporter.snapshot import SampleSink
 
 
@@ -25,11 +31,10 @@ class Collector(abc.ABC):
     default_enabled: ClassVar[bool] = True
     default_interval: ClassVar[float] = 5.0
 
-    def __init__(self, config: ExporterConfig) -> None:
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
         self.config = config
-        # The other enabled collectors by name, for the few that build on another's data (the Ray
-        # process collector reads the GPU collector's per-process table). Set before the first run.
-        self.peers: Mapping[str, Collector] = {}
+        # The exporter's shared slots; a collector made alone (a test, a benchmark) gets its own.
+        self.shared = shared if shared is not None else Shared.for_config(config)
 
     def close(self) -> None:  # noqa: B027  (optional hook, most collectors hold nothing)
         """Release what the collector holds; called once at shutdown."""

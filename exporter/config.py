@@ -9,23 +9,38 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
-DEFAULT_PORT = 9477
-ENV_PREFIX = "RAYPULSE_EXPORTER_"
+from exporter import strict, wire
+
+DEFAULT_PORT = wire.EXPORTER_PORT
+ENV_PREFIX = wire.ENV_EXPORTER_PREFIX
+UNKNOWN_SETTING = "unknown setting (check the spelling; see `exporter serve --help` and docs/configuration.md)"
 
 
 class ConfigError(Exception):
     """Invalid configuration; the message is meant for the person who wrote it."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+@dataclass(frozen=True)
+class Known:
+    """The names a configuration may use that live outside it: the registered collectors and the
+    simulator's GPU models. The configuration imports neither (it is a leaf); whoever loads it
+    passes them (exporter/plugins.py), and without them the names are not checked."""
+
+
+    collectors: frozenset[str]
+    gpu_models: tuple[str, ...]  # upper case, e.g. H100
+
+
+class _Strict(strict.Strict):
+    model_config = ConfigDict(frozen=True)
 
 
 class CollectorSettings(_Strict):
@@ -92,10 +107,8 @@ class GpuSettings(_Strict):
 
     @field_validator("simulate_model")
     @classmethod
-    def _known_model(cls, value: str) -> str:
-        from exporter.gpusim.models import model
-
-        return model(value).key
+    def _upper(cls, value: str) -> str:
+        return value.upper()
 
 
 class OtlpSettings(_Strict):
@@ -141,7 +154,7 @@ class RaySettings(_Strict):
 
 
 class ProgressSettings(_Strict):
-    listen: str = Field("127.0.0.1:9478", description=(
+    listen: str = Field(f"127.0.0.1:{wire.PROGRESS_PORT}", description=(
         "Where training code reports progress (exporter.progress): HOST:PORT, unix:/path/to.sock, or off. "
         "Only loopback or a Unix socket unless allow_remote."))
     allow_remote: bool = Field(False, description="Allow a progress listen address other than loopback.")
@@ -213,17 +226,6 @@ class ExporterConfig(BaseSettings):
         parse_listen(value)
         return value
 
-    @field_validator("collectors")
-    @classmethod
-    def _known_collectors(cls, value: dict[str, CollectorSettings]) -> dict[str, CollectorSettings]:
-        from exporter.collector import REGISTRY, load_collectors
-
-        load_collectors()
-        unknown = sorted(set(value) - set(REGISTRY))
-        if unknown:
-            raise ValueError(f"unknown collector(s) {', '.join(unknown)}; known: {', '.join(sorted(REGISTRY))}")
-        return value
-
     def collector_settings(self, name: str) -> CollectorSettings:
         return self.collectors.get(name, CollectorSettings())
 
@@ -255,32 +257,51 @@ def read_yaml_file(path: Path, what: str) -> dict[str, Any]:
 
 
 def load_config(flags: Mapping[str, Any] | None = None, config_file: Path | None = None,
-                environ: Mapping[str, str] | None = None) -> ExporterConfig:
-    """Merge the sources (flags win, then environment, then file) and validate once."""
+                environ: Mapping[str, str] | None = None, known: Known | None = None) -> ExporterConfig:
+    """Merge the sources (flags win, then environment, then file) and validate once; with `known`,
+    collector and GPU model names are checked too."""
     file_values = read_yaml_file(config_file, "config file") if config_file else {}
     env_values = _environment_values(environ if environ is not None else os.environ)
     flag_values = dict(flags or {})
     merged = _deep_merge(_deep_merge(file_values, env_values), flag_values)
+    sources = [("command-line flag", flag_values), (f"environment ({ENV_PREFIX}*)", env_values),
+               (f"config file {config_file}", file_values)]
     try:
-        return ExporterConfig.model_validate(merged)
+        config = ExporterConfig.model_validate(merged)
     except ValidationError as exc:
-        sources = [("command-line flag", flag_values), (f"environment ({ENV_PREFIX}*)", env_values),
-                   (f"config file {config_file}", file_values)]
         raise ConfigError(format_validation_error(exc, sources)) from None
+    unknown = _unknown_names(config, known) if known is not None else []
+    if unknown:
+        raise ConfigError("\n".join(["invalid configuration:", *(
+            f"  {'.'.join(loc)}: {message}{_from(loc, sources)}" for loc, message in unknown)]))
+    return config
+
+
+def _unknown_names(config: ExporterConfig, known: Known) -> list[tuple[list[str], str]]:
+    """Names the configuration uses that nothing offers: (where, message) for each."""
+    found = []
+    unknown = sorted(set(config.collectors) - known.collectors)
+    if unknown:
+        found.append((["collectors"], f"unknown collector(s) {', '.join(unknown)}; known: "
+                                      f"{', '.join(sorted(known.collectors))}"))
+    if config.gpu.simulate_model not in known.gpu_models:
+        found.append((["gpu", "simulate_model"], f"unknown simulated GPU model {config.gpu.simulate_model!r}; "
+                                                 f"choose one of {', '.join(known.gpu_models)}"))
+    return found
 
 
 def format_validation_error(exc: ValidationError, sources: list[tuple[str, Mapping[str, Any]]]) -> str:
     """One line per problem: `field.path: message (from SOURCE)`."""
     lines = ["invalid configuration:"]
-    for error in exc.errors():
-        loc = [str(part) for part in error["loc"]]
-        origin = _origin(loc, sources)
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = "unknown setting (check the spelling; see `exporter serve --help` and docs/configuration.md)"
-        where = f" (from {origin})" if origin else ""
-        lines.append(f"  {'.'.join(loc) or '<top level>'}: {message}{where}")
+    for problem in strict.problems(exc, UNKNOWN_SETTING):
+        loc = [str(part) for part in problem.loc]
+        lines.append(f"  {'.'.join(loc) or '<top level>'}: {problem.message}{_from(loc, sources)}")
     return "\n".join(lines)
+
+
+def _from(loc: list[str], sources: list[tuple[str, Mapping[str, Any]]]) -> str:
+    origin = _origin(loc, sources)
+    return f" (from {origin})" if origin else ""
 
 
 def _origin(loc: list[str], sources: list[tuple[str, Mapping[str, Any]]]) -> str | None:

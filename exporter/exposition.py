@@ -7,7 +7,8 @@ in one snapshot, so it is never split). The `Publisher` re-assembles the body wh
 publishes or a snapshot goes stale, off the event loop, and swaps it in; a scrape only picks
 the bytes for its format. Only formats scraped in the last few minutes are assembled ahead
 (Prometheus asks for OpenMetrics, a curl for text); the first scrape of another format
-assembles it once.
+assembles it once, in a worker thread like every rendering: the event loop never renders and
+never waits on the chunk cache's lock.
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ class Publisher:
         self._changed = asyncio.Event()
         self._chunks = ChunkCache()
         self._renderings: dict[Format, Rendering] = {}
+        self._cold: dict[Format, asyncio.Future[dict[Format, Rendering]]] = {}  # first renderings in flight
         self._wanted_at: dict[Format, float] = {}
         self.renders = 0
         # What the served bytes were rendered from; other consumers (OTLP push) read the same.
@@ -140,13 +142,25 @@ class Publisher:
     def notify(self) -> None:
         self._changed.set()
 
-    def body(self, fmt: Format, *, want_gzip: bool) -> bytes:
+    async def body(self, fmt: Format, *, want_gzip: bool) -> bytes:
         loop = asyncio.get_running_loop()
-        self._wanted_at[fmt] = loop.time()
+        self._wanted_at[fmt] = loop.time()  # from now on every rendering includes it
         rendering = self._renderings.get(fmt)
         if rendering is None:  # not scraped lately: assemble it once from the served snapshots, then keep it
-            rendering = self._renderings[fmt] = self._chunks.render(self.latest_snapshots, [fmt])[fmt]
+            rendering = await self._render_cold(fmt)
         return rendering.gzipped if want_gzip else rendering.body
+
+    async def _render_cold(self, fmt: Format) -> Rendering:
+        """One rendering of `fmt` off the loop, shared by the scrapes that ask while it runs."""
+        snapshots = self.latest_snapshots
+        pending = self._cold.get(fmt)
+        if pending is None:
+            pending = self._cold[fmt] = asyncio.ensure_future(asyncio.to_thread(self._chunks.render, snapshots, [fmt]))
+            pending.add_done_callback(lambda _: self._cold.pop(fmt, None))
+        rendering = (await asyncio.shield(pending))[fmt]
+        if fmt not in self._renderings and self.latest_snapshots is snapshots:  # not replaced meanwhile
+            self._renderings[fmt] = rendering
+        return rendering
 
     async def render_now(self) -> None:
         loop = asyncio.get_running_loop()

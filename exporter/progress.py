@@ -40,11 +40,13 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from exporter import wire
+
 __all__ = ["checkpoint_saved", "flush", "ray_train_report", "report", "stats"]
 
-ENV_URL = "RAYPULSE_PROGRESS_URL"
-DEFAULT_URL = "http://127.0.0.1:9478"
-PATH = "/v1/progress"
+ENV_URL = wire.ENV_PROGRESS_URL
+DEFAULT_URL = f"http://127.0.0.1:{wire.PROGRESS_PORT}"
+PATH = wire.PROGRESS_PATH
 QUEUE_SIZE = 1000
 BATCH_SIZE = 100  # reports per request (the endpoint takes up to 256)
 TIMEOUT_SECONDS = 2.0

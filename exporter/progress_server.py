@@ -21,11 +21,12 @@ from pathlib import Path
 
 from aiohttp import web
 
+from exporter import wire
 from exporter.config import LISTEN_OFF, ProgressSettings, parse_listen
 from exporter.progress_store import ProgressStore, Rejected, parse_batch
 
 log = logging.getLogger(__name__)
-PATH = "/v1/progress"
+PATH = wire.PROGRESS_PATH
 
 
 def _error(rejected: Rejected) -> web.Response:

@@ -22,9 +22,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 
+from exporter import strict
 from exporter.config import ProgressSettings
+from exporter.strict import Strict
 
 FLOAT_FIELDS = ("loss", "grad_norm", "learning_rate")
 REJECT_REASONS = ("invalid", "too_large", "unsupported_media_type", "too_many_jobs", "too_many_ranks")
@@ -51,8 +53,8 @@ MetricValue = Annotated[float | None, BeforeValidator(_metric_value)]
 Count = Annotated[int, Field(ge=0, lt=_MAX_COUNT, strict=True)]
 
 
-class Report(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Report(Strict):
+    model_config = ConfigDict(frozen=True)
 
     kind: Literal["progress", "checkpoint"]
     job_id: str | None = Field(None, pattern=r"^[0-9a-f]{2,64}$", description="Ray job id (hex)")
@@ -68,8 +70,7 @@ class Report(BaseModel):
     dropped_total: Count = 0
 
 
-class Batch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Batch(Strict):
 
     reports: list[Report] = Field(..., min_length=1, max_length=MAX_REPORTS_PER_REQUEST)
 
@@ -83,22 +84,11 @@ class Rejected(Exception):
         self.reason = reason
 
 
-def validation_message(exc: ValidationError) -> str:
-    """The first problem as `path.to.field: message`."""
-    error = exc.errors()[0]
-    where = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error["loc"]).replace(".[", "[")
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden":
-        message = "unknown field"
-    count = len(exc.errors())
-    return f"{where or 'body'}: {message}" + (f" (and {count - 1} more problems)" if count > 1 else "")
-
-
 def parse_batch(data: Any) -> list[Report]:
     try:
         batch = Batch.model_validate(data)
     except ValidationError as exc:
-        raise Rejected(400, "invalid", validation_message(exc)) from None
+        raise Rejected(400, "invalid", strict.summary(exc, "unknown field", whole="body")) from None
     now = time.time()
     for index, report in enumerate(batch.reports):
         if report.job_id is None and report.submission_id is None:

@@ -5,12 +5,16 @@
     /readyz    every collector has run once
     /          a landing page
     /sd        on the Ray head: Prometheus HTTP service discovery of every node's exporter
+
+It also owns the training progress endpoint (a listener of its own, exporter/progress_server.py)
+and the OTLP pusher. What the parts hand each other goes through `Shared` (exporter/shared.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import html
+import json
 import logging
 import os
 import signal
@@ -21,11 +25,13 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
-from exporter import __version__
+from exporter import __version__, wire
 from exporter.collector import REGISTRY, Collector, load_collectors
 from exporter.config import ExporterConfig, parse_listen
 from exporter.exposition import Format, Publisher
+from exporter.progress_server import ProgressEndpoint
 from exporter.scheduler import Scheduler
+from exporter.shared import Shared
 from exporter.webconfig import BasicAuth, WebConfig, load_web_config, ssl_context
 
 if TYPE_CHECKING:
@@ -34,14 +40,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def enabled_collectors(config: ExporterConfig) -> list[Collector]:
+def enabled_collectors(config: ExporterConfig, shared: Shared) -> list[Collector]:
     """Instantiate every registered collector that the configuration enables."""
     load_collectors()
     collectors = []
     for name, cls in sorted(REGISTRY.items()):
         enabled = config.collector_settings(name).enabled
         if enabled if enabled is not None else cls.default_enabled:
-            collectors.append(cls(config))
+            collectors.append(cls(config, shared))
     return collectors
 
 
@@ -49,17 +55,16 @@ class Exporter:
     """Scheduler + publisher + aiohttp application; `start()`/`stop()` for tests and `serve()`."""
 
     def __init__(self, config: ExporterConfig, collectors: Sequence[Collector] | None = None,
-                 web_config: WebConfig | None = None) -> None:
+                 web_config: WebConfig | None = None, shared: Shared | None = None) -> None:
         self.config = config
         if web_config is None and config.web_config_file is not None:
             web_config = load_web_config(config.web_config_file)
         self.web_config = web_config or WebConfig()
         self._ssl: ssl.SSLContext | None = (ssl_context(self.web_config.tls_server_config)
                                             if self.web_config.tls_server_config else None)
-        self.collectors = list(collectors) if collectors is not None else enabled_collectors(config)
-        peers = {collector.name: collector for collector in self.collectors}
-        for collector in self.collectors:
-            collector.peers = peers
+        self.shared = shared or Shared.for_config(config)
+        self.collectors = list(collectors) if collectors is not None else enabled_collectors(config, self.shared)
+        self.progress = ProgressEndpoint(config.progress, self.shared.progress)
         self.publisher: Publisher | None = None
         self.scheduler: Scheduler | None = None
         self._runner: web.AppRunner | None = None
@@ -76,14 +81,11 @@ class Exporter:
         if self.web_config.basic_auth_users:
             middlewares.append(BasicAuth(self.web_config.basic_auth_users).middleware())
         app = web.Application(middlewares=middlewares)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get(wire.METRICS_PATH, self._metrics)
+        app.router.add_get(wire.HEALTH_PATH, self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/", self._index)
-        for collector in self.collectors:  # routes a collector serves itself, e.g. the Ray head's /sd
-            routes = getattr(collector, "routes", None)
-            if routes is not None:
-                app.router.add_routes(routes())
+        app.router.add_get(wire.SD_PATH, self._sd)
         return app
 
     async def start(self) -> None:
@@ -92,9 +94,7 @@ class Exporter:
         self._start_otlp(scheduler)
         await self.publisher.render_now()
         self._publisher_task = asyncio.create_task(self.publisher.run(), name="publisher")
-        for collector in self.collectors:  # listeners a collector owns, e.g. the training progress endpoint
-            if hasattr(collector, "start_serving"):
-                await collector.start_serving()
+        self.shared.progress_endpoint_up.publish(await self.progress.start())
         self.scheduler.start()
         host, port = parse_listen(self.config.listen)
         self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
@@ -129,9 +129,8 @@ class Exporter:
             await asyncio.gather(self._publisher_task, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.stop()
-        for collector in self.collectors:
-            if hasattr(collector, "stop_serving"):
-                await collector.stop_serving()
+        await self.progress.stop()
+        self.shared.progress_endpoint_up.publish(False)
         if self._otlp is not None:
             await asyncio.to_thread(self._otlp.shutdown)
 
@@ -141,11 +140,20 @@ class Exporter:
         _, negotiated = choose_encoder(request.headers.get("Accept", ""))
         fmt = Format.OPENMETRICS if negotiated.startswith("application/openmetrics-text") else Format.TEXT
         want_gzip = gzip_accepted(request.headers.get("Accept-Encoding", ""))
-        body = self.publisher.body(fmt, want_gzip=want_gzip)
+        body = await self.publisher.body(fmt, want_gzip=want_gzip)
         headers = {"Content-Type": fmt.content_type}
         if want_gzip:
             headers["Content-Encoding"] = "gzip"
         return web.Response(body=body, headers=headers)
+
+    async def _sd(self, request: web.Request) -> web.Response:
+        found = self.shared.service_discovery.get()
+        if found is None or found.role != "head":
+            role = found.role if found is not None else "not known yet"
+            return web.Response(status=404, text=f"this exporter's Ray role is {role}; /sd is served by the "
+                                                 "exporter on the Ray head node\n")
+        return web.Response(text=json.dumps(list(found.groups)), content_type="application/json",
+                            headers={"Cache-Control": "no-store"})
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

@@ -28,9 +28,10 @@ from typing import Any, Literal
 
 import bcrypt
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporter.config import ConfigError, format_validation_error, read_yaml_file
+from exporter.strict import Strict
 
 _TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
                  "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
@@ -42,8 +43,8 @@ _UNSUPPORTED = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Strict(Strict):
+    model_config = ConfigDict(frozen=True)
 
 
 class TLSServerConfig(_Strict):
@@ -64,7 +65,7 @@ class TLSServerConfig(_Strict):
 
 class WebConfig(_Strict):
     tls_server_config: TLSServerConfig | None = None
-    basic_auth_users: dict[str, str] = {}
+    basic_auth_users: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod

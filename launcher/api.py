@@ -24,11 +24,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from launcher import audit
+from exporter import wire
 from launcher.display import Reporter
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
 from launcher.jobs import TERMINAL, JobsClient, read_token
+from launcher.journal import Journal
 from launcher.local import Cancelled, LocalCluster, forget_cluster, stop_cluster_processes
 from launcher.run import Run, finish_run, submission_id, update_attempt
 from launcher.spec import JobSpec, build_spec
@@ -116,7 +117,7 @@ class RunHandle:
         """Supervise the run to its end (retries, deadlines, stop) and close. The record's
         exit_code is the launcher's exit code for it."""
         try:
-            with self._run.trace.current():
+            with self._run.journal.run_trace.current():
                 return self._run.wait()
         except InfraError as exc:
             return self._run.finish_with(ExitCode.INFRA_ERROR, str(exc))
@@ -125,20 +126,18 @@ class RunHandle:
 
     def close(self) -> None:
         """Tear down the local cluster this run started, unless it is kept, and end the run's trace."""
-        run_trace, record = self._run.trace, self._run.record
-        self._run.end_attempt_span(record.state)  # closed before the attempt ended: it is left as it is
-        with run_trace.current():
-            self._close_cluster()
-        run_trace.finish(record.state, record.reason, {"raypulse.exit_code": record.exit_code,
-                                                       "raypulse.attempts": len(record.attempts)})
+        journal, record = self._run.journal, self._run.record
+        journal.close(record.state)  # closed before the attempt ended: it is left as it is
+        self._close_cluster()
+        journal.run_trace.finish(record.state, record.reason, {"raypulse.exit_code": record.exit_code,
+                                                               "raypulse.attempts": len(record.attempts)})
 
     def _close_cluster(self) -> None:
         if self._cluster is None or self._cluster.record is None:
             return
         if self._cluster.kept:
             record = self._cluster.record
-            self._run.reporter.info(f"cluster {record.name} kept at {record.address}; "
-                                    f"`launcher down {record.name}` stops it")
+            self._run.journal.emit("cluster.kept", cluster=record.name, address=record.address)
             return
         self._cluster.teardown()
 
@@ -175,19 +174,23 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
         "raypulse.run_id": spec.run_id, "raypulse.job_name": spec.name, "raypulse.backend": backend,
         "raypulse.max_attempts": spec.max_attempts}, warn=reporter.warn)
     record.trace_id = run_trace.trace_id
+    journal = Journal(reporter, record, run_trace)
     try:
         with run_trace.current():
-            return _start(spec, record, left_running, reporter, cancel, follow_logs, run_trace)
+            return _start(spec, journal, left_running, cancel, follow_logs)
     except BaseException as exc:
         state = record.state if record.exit_code is not None else (
             "STOPPED" if isinstance(exc, Cancelled) else "BAD_INPUT" if isinstance(exc, BadInput) else "INFRA_ERROR")
+        journal.close(state)
         run_trace.finish(state, str(exc) or type(exc).__name__)
         raise
 
 
-def _start(spec: JobSpec, record: RunRecord, left_running: ClusterRecord | None, reporter: Reporter,
-           cancel: threading.Event, follow_logs: bool, run_trace: RunTrace) -> RunHandle:
+def _start(spec: JobSpec, journal: Journal, left_running: ClusterRecord | None, cancel: threading.Event,
+           follow_logs: bool) -> RunHandle:
     """submit() past its checks: the cluster, then the first attempt (inside the run's trace)."""
+    record = journal.record
+    assert record is not None
     backend = spec.resolved_backend
     cluster: LocalCluster | None = None
     if backend == "existing":
@@ -196,28 +199,24 @@ def _start(spec: JobSpec, record: RunRecord, left_running: ClusterRecord | None,
     elif left_running is not None:
         # The cluster of an earlier submit of this run is still up (kept, or its launcher died):
         # follow the run there, status first, instead of starting a second cluster.
-        reporter.info(f"cluster {left_running.name} of run {spec.run_id} is still running; following the run on it")
-        cluster = LocalCluster.adopt(left_running, reporter, cancel, tracer=run_trace.tracer)
+        journal.reporter.info(f"cluster {left_running.name} of run {spec.run_id} is still running; following the "
+                              "run on it")
+        cluster = LocalCluster.adopt(left_running, journal, cancel)
         client = cluster_client(left_running.name)[1]
         record.address, record.cluster, record.cluster_kept = left_running.address, left_running.name, left_running.kept
     else:
         # Ray's Jobs client takes a second to import: do it while the nodes start.
         threading.Thread(target=importlib.import_module, args=("ray.job_submission",), daemon=True).start()
-        cluster = LocalCluster(spec, spec.run_id, reporter, cancel, kept=spec.keep_cluster, defer_exporters=True,
-                               tracer=run_trace.tracer)
+        cluster = LocalCluster(spec, spec.run_id, journal, cancel, kept=spec.keep_cluster, defer_exporters=True)
         record.cluster, record.cluster_kept = spec.run_id, spec.keep_cluster
-        record.save()
         try:
-            with run_trace.span("cluster.start", **{"raypulse.cluster": spec.run_id,
-                                                    "raypulse.nodes": 1 + spec.worker_count}):
-                cluster_record = cluster.start()
+            cluster_record = cluster.start()
         except BadInput:
             shutil.rmtree(record.directory, ignore_errors=True)  # nothing was started: no run either
             raise
         except InfraError as exc:
-            finish_run(record, "INFRA_ERROR", str(exc))
+            finish_run(journal, "INFRA_ERROR", str(exc))
             raise
-        record.address = cluster_record.address
         try:
             client = JobsClient(cluster_record.address, Path(cluster_record.token_path).read_text().strip())
         except BaseException:
@@ -226,12 +225,12 @@ def _start(spec: JobSpec, record: RunRecord, left_running: ClusterRecord | None,
     record.save()
     # A new local cluster's exporters start once the job runs: on a small machine their start-up
     # would otherwise compete with the job's (the run also starts them if it stays pending).
-    run = Run(spec, client, record, reporter, cancel, follow_logs=follow_logs,
-              on_running=cluster.start_exporters if cluster is not None else None, run_trace=run_trace)
+    run = Run(spec, client, journal, cancel, follow_logs=follow_logs,
+              on_running=cluster.start_exporters if cluster is not None else None)
     try:
         run.start()
     except BaseException:
-        run.end_attempt_span("FAILED")
+        journal.close("FAILED")
         if cluster is not None:
             cluster.teardown()
         raise
@@ -245,7 +244,7 @@ def up(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = None,
        cancel: threading.Event | None = None) -> ClusterRecord:
     """Start a local cluster that stays until `down(name)`; jobs go to it with cluster=name."""
     spec = as_spec(spec)
-    return LocalCluster(spec, spec.name, reporter or Reporter(), cancel, kept=True).start()
+    return LocalCluster(spec, spec.name, Journal(reporter), cancel, kept=True).start()
 
 
 def down(name: str, *, reporter: Reporter | None = None) -> int:
@@ -253,15 +252,15 @@ def down(name: str, *, reporter: Reporter | None = None) -> int:
     record = load_cluster(name)
     if record is None:
         raise BadInput(f"cluster: no running local cluster named {name!r} (see `launcher list`)")
-    reporter = reporter or Reporter()
+    journal = Journal(reporter)
     stopped = _stop_jobs(name)
     if stopped:
-        reporter.info(f"stopped {len(stopped)} unfinished job(s) first: {', '.join(stopped)}")
-    reporter.step("down", f"tearing down cluster {name}")
+        journal.emit("cluster.jobs_stopped", cluster=name, stopped=stopped)
+    started = time.monotonic()
+    journal.emit("cluster.teardown", cluster=name)
     killed = stop_cluster_processes(record)
     forget_cluster(record)
-    reporter.done("down", f"cluster {name} torn down" + (f"; {killed} process(es) needed SIGKILL" if killed else ""))
-    audit.record("cluster.down", "ok", cluster=name, killed=killed or None)
+    journal.emit("cluster.down", cluster=name, seconds=round(time.monotonic() - started, 2), killed=killed or None)
     return killed
 
 
@@ -274,7 +273,7 @@ def _stop_jobs(name: str, timeout: float = JOB_STOP_TIMEOUT_S) -> list[str]:
         client = cluster_client(name)[1]
         unfinished = [job for job in client.list() if job.submission_id and job.status.value not in TERMINAL]
         for job in unfinished:
-            run_id = (job.metadata or {}).get("raypulse.run_id")
+            run_id = (job.metadata or {}).get(wire.META_RUN_ID)
             if run_id and load_run(run_id) is not None:
                 request_stop(run_id)
         stopping = [job.submission_id for job in unfinished if client.stop(job.submission_id)]
@@ -309,13 +308,13 @@ def runs_on_cluster(client: JobsClient) -> dict[str, RunRecord]:
     runs: dict[str, RunRecord] = {}
     for job in sorted(client.list(), key=lambda item: item.start_time or 0):
         metadata = job.metadata or {}
-        run_id = metadata.get("raypulse.run_id") or job.submission_id or job.job_id
+        run_id = metadata.get(wire.META_RUN_ID) or job.submission_id or job.job_id
         run = runs.setdefault(run_id, RunRecord(
-            run_id=run_id, name=metadata.get("raypulse.job_name", run_id), backend="existing",
-            address=client.address, max_attempts=int(metadata.get("raypulse.max_attempts", 1)),
+            run_id=run_id, name=metadata.get(wire.META_JOB_NAME, run_id), backend="existing",
+            address=client.address, max_attempts=int(metadata.get(wire.META_MAX_ATTEMPTS, 1)),
             created_at=(job.start_time or 0) / 1000))
-        run.trace_id = metadata.get("raypulse.trace_id") or run.trace_id  # the latest traced submit's
-        update_attempt(run, int(metadata.get("raypulse.attempt", 1)), job)
+        run.trace_id = metadata.get(wire.META_TRACE_ID) or run.trace_id  # the latest traced submit's
+        update_attempt(run, int(metadata.get(wire.META_ATTEMPT, 1)), job)
     for run in runs.values():
         last = run.attempts[-1].status
         run.state = last if last in TERMINAL or last == "RUNNING" else "PENDING"
@@ -389,5 +388,5 @@ def stop(run_id: str, *, address: str | None = None, cluster: str | None = None,
     for attempt_id in stopped:
         # The run's own launcher may see the request and stop it first: either way it is stopped.
         client.stop(attempt_id)
-    audit.record("run.stop", "ok", run_id=run_id, stopped=stopped, trace_id=record.trace_id if record else None)
+    Journal(run_id=run_id).emit("run.stop_requested", stopped=stopped, trace_id=record.trace_id if record else None)
     return stopped

@@ -26,7 +26,7 @@ def path() -> Path:
     return home() / "audit.log"
 
 
-def record(action: str, result: str, **details: Any) -> None:
+def record(action: str, result: str, /, **details: Any) -> None:
     """Append one line. A failure to write is reported on stderr but never raised into the action it
     records (a full disk must not prevent a stop or a teardown). Inside a traced run, the line
     carries the run's trace id."""

@@ -21,10 +21,12 @@ import click
 import psutil
 
 from exporter import __version__
-from launcher import api, audit, kuberay
+from launcher import api, kuberay
 from launcher.display import PlainReporter, Reporter, reporter_for_terminal
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
+from launcher.failing import fail
+from launcher.journal import Journal
 from launcher.local import Cancelled
 from launcher.run import finish_run
 from launcher.spec import JobSpec, SpecError, WorkerGroup, build_spec, load_spec_file
@@ -209,13 +211,9 @@ def target_options(func: Callable) -> Callable:
     return func
 
 
+EVENTS_SHOWN = 20  # `status` lists the run's latest events; `status -o json` has them all
+QUIET_EVENTS = {"cluster.starting", "cluster.nodes_started", "attempt.submitting"}  # phases, not news
 OUTPUT = click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
-
-
-def _fail(action: str, exc: BaseException, code: ExitCode, **details: Any) -> None:
-    click.echo(f"launcher: {exc}", err=True)
-    audit.record(action, "bad input" if code == ExitCode.BAD_INPUT else "error", error=str(exc), **details)
-    sys.exit(int(code))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -258,12 +256,12 @@ def submit(file: Path | None, **options: Any) -> None:
     try:
         spec = spec_from_options(file, options).with_run_id()
     except BadInput as exc:
-        _fail("submit", exc, ExitCode.BAD_INPUT)
+        fail("submit", exc, ExitCode.BAD_INPUT)
     if spec.resolved_backend == "kuberay":
         try:
             kuberay.apply(spec)
         except BadInput as exc:
-            _fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)
+            fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)
         click.echo(f"launcher: applied RayJob {spec.run_id} in namespace {spec.namespace}; "
                    f"follow it with `kubectl get rayjob {spec.run_id} -n {spec.namespace} -w`", err=True)
         return
@@ -276,14 +274,14 @@ def submit(file: Path | None, **options: Any) -> None:
         handle = api.submit(spec, reporter=reporter, cancel=cancel, follow_logs=True)
     except BadInput as exc:
         reporter.close()
-        _fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)
+        fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)
     except Cancelled:
         reporter.close()
         _stop_before_start(spec)
         sys.exit(int(ExitCode.STOPPED))
     except InfraError as exc:
         reporter.close()
-        _fail("submit", exc, ExitCode.INFRA_ERROR, run_id=spec.run_id)
+        fail("submit", exc, ExitCode.INFRA_ERROR, run_id=spec.run_id)
     record = handle.wait()
     reporter.info(_summary(record))
     reporter.close()
@@ -293,7 +291,7 @@ def submit(file: Path | None, **options: Any) -> None:
 def _stop_before_start(spec: JobSpec) -> None:
     """Interrupted while the cluster started: the run ends STOPPED with nothing submitted."""
     record = load_run(spec.run_id) or RunRecord(run_id=spec.run_id, name=spec.name, backend=spec.resolved_backend)
-    finish_run(record, "STOPPED", "interrupted while the cluster started; nothing was submitted")
+    finish_run(Journal(record=record), "STOPPED", "interrupted while the cluster started; nothing was submitted")
     click.echo(f"launcher: run {spec.run_id} STOPPED before its job was submitted (exit 3)", err=True)
 
 
@@ -327,6 +325,11 @@ def _status_text(record: RunRecord) -> str:
             detail = f"driver exit {attempt.driver_exit_code}; {detail}"
         lines.append(f"  {attempt.attempt}  {attempt.submission_id}  {attempt.status:<9} "
                      f"{_when(attempt.submitted_at)} -> {_when(attempt.ended_at)}  {detail}".rstrip())
+    shown = [event for event in record.events if event.message or event.kind not in QUIET_EVENTS]
+    if shown:
+        lines.append(f"events    {len(shown)}" + (f" (the latest {EVENTS_SHOWN})" if len(shown) > EVENTS_SHOWN else ""))
+        for event in shown[-EVENTS_SHOWN:]:
+            lines.append(f"  {_when(event.time)}  {event.kind:<22} {event.message or ''}".rstrip())
     return "\n".join(lines)
 
 
@@ -426,7 +429,7 @@ def up(file: Path | None, **options: Any) -> None:
         if spec.resolved_backend != "local":
             raise SpecError("backend: up starts a local cluster; --address/--cluster/--backend do not apply")
     except BadInput as exc:
-        _fail("cluster.up", exc, ExitCode.BAD_INPUT)
+        fail("cluster.up", exc, ExitCode.BAD_INPUT)
     cancel = threading.Event()
     _signals_to(cancel)
     reporter = reporter_for_terminal()
@@ -434,13 +437,13 @@ def up(file: Path | None, **options: Any) -> None:
         record = api.up(spec, reporter=reporter, cancel=cancel)
     except BadInput as exc:
         reporter.close()
-        _fail("cluster.up", exc, ExitCode.BAD_INPUT, cluster=spec.name)
+        fail("cluster.up", exc, ExitCode.BAD_INPUT, cluster=spec.name)
     except Cancelled:
         reporter.close()
         sys.exit(int(ExitCode.STOPPED))
     except InfraError as exc:
         reporter.close()
-        _fail("cluster.up", exc, ExitCode.INFRA_ERROR, cluster=spec.name)
+        fail("cluster.up", exc, ExitCode.INFRA_ERROR, cluster=spec.name)
     reporter.close()
     click.echo(f"cluster {record.name} is up: dashboard {record.address}, token {record.token_path}")
     for exporter in record.exporters:
@@ -472,8 +475,8 @@ def render(file: Path | None, **options: Any) -> None:
         spec = spec_from_options(file, options).with_run_id()
         manifests = kuberay.render(spec)
     except BadInput as exc:
-        _fail("render", exc, ExitCode.BAD_INPUT)
-    audit.record("render", "ok", run_id=spec.run_id, namespace=spec.namespace)
+        fail("render", exc, ExitCode.BAD_INPUT)
+    Journal().emit("manifests.rendered", run_id=spec.run_id, namespace=spec.namespace)
     click.echo(kuberay.to_yaml(manifests), nl=False)
 
 

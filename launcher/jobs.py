@@ -13,15 +13,15 @@ import json
 import logging
 import os
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
+from exporter import wire
 from launcher.errors import BadInput, InfraError
+from launcher.raydash import RayDashboard
 
 MIN_RAY_VERSION = Version("2.6")
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -36,17 +36,11 @@ class ClusterLost(InfraError):
 
 
 def read_token(token_path: Path | None) -> str | None:
-    """The Ray auth token: --token-path, else RAY_AUTH_TOKEN, else RAY_AUTH_TOKEN_PATH (as Ray reads it)."""
-    path = token_path or (Path(os.environ["RAY_AUTH_TOKEN_PATH"]) if os.environ.get("RAY_AUTH_TOKEN_PATH") else None)
-    if token_path is None and os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"].strip()
-    if path is None:
-        return None
+    """The Ray auth token: --token-path, else where Ray looks (wire.ray_auth_token)."""
     try:
-        return path.expanduser().read_text().strip()
-    except OSError as exc:
-        field = "token_path" if token_path else "RAY_AUTH_TOKEN_PATH"
-        raise TargetError(f"{field}: cannot read the token file {path}: {exc.strerror or exc}") from None
+        return wire.ray_auth_token(os.environ, token_path=token_path)
+    except wire.RayTokenUnreadable as exc:
+        raise TargetError(f"{exc.source}: cannot read the token file {exc.path}: {exc.reason}") from None
 
 
 @contextlib.contextmanager
@@ -62,8 +56,9 @@ class JobsClient:
     """One cluster's Jobs API. Construction checks the cluster; errors say what to fix."""
 
     def __init__(self, address: str, token: str | None, field: str = "address") -> None:
-        self.address = address.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.dashboard = RayDashboard(address, token)
+        self.address = self.dashboard.address
+        self.headers = self.dashboard.headers
         self.ray_version = self._check(field)
         from ray.job_submission import JobSubmissionClient
 
@@ -73,20 +68,12 @@ class JobsClient:
         with _without_address_env():
             self._client = JobSubmissionClient(self.address, headers=self.headers)
 
-    def _get(self, path: str, timeout: float = 10) -> tuple[int, bytes]:
-        request = urllib.request.Request(self.address + path, headers=self.headers)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read()
-
     def _check(self, field: str) -> str:
         try:
-            status, body = self._get("/api/version")
+            status, body = self.dashboard.get("/api/version")
             if status == 200:
-                status, _ = self._get("/api/jobs/")  # the version endpoint may be open; this one is not
-        except (OSError, urllib.error.URLError) as exc:
+                status, _ = self.dashboard.get("/api/jobs/")  # the version endpoint may be open; this one is not
+        except OSError as exc:
             reason = getattr(exc, "reason", exc)
             raise TargetError(f"{field}: cannot reach the Ray dashboard at {self.address}: {reason}") from None
         if status == 401:

@@ -19,8 +19,9 @@ from typing import Any
 
 import yaml
 
-from launcher import audit
+from exporter import wire
 from launcher.errors import BadInput
+from launcher.journal import Journal
 from launcher.run import job_metadata, runtime_env
 from launcher.spec import JobSpec, format_memory
 
@@ -28,13 +29,14 @@ RAY_PORTS = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("met
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 TOKEN_SECRET_KEY = "auth_token"  # KubeRay's RAY_AUTH_TOKEN_SECRET_KEY
 EXPORTER_PORT_NAME = "raypulse"
+POD_LABEL_RUN_ID = "raypulse.io/run-id"  # the PodMonitor selects the run's pods by it
 
 
 def _pod_labels(spec: JobSpec) -> dict[str, str]:
     labels = {
         "app.kubernetes.io/managed-by": "raypulse-launcher",
         "raypulse.io/job-name": spec.name,
-        "raypulse.io/run-id": spec.run_id or "",
+        POD_LABEL_RUN_ID: spec.run_id or "",
         "raypulse.io/workspace": spec.workspace,
         "raypulse.io/user": spec.user,
     }
@@ -79,7 +81,7 @@ def _ray_container(spec: JobSpec, name: str, resources: dict[str, Any], ports: l
         "resources": resources,
         "ports": [{"name": port_name, "containerPort": number} for port_name, number in ports],
         # The training code's progress client finds the exporter sidecar through this.
-        "env": [{"name": "RAYPULSE_PROGRESS_URL", "value": f"http://127.0.0.1:{spec.progress_port}"}],
+        "env": [{"name": wire.ENV_PROGRESS_URL, "value": f"http://127.0.0.1:{spec.progress_port}"}],
     }
 
 
@@ -102,7 +104,7 @@ def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
     secret = f"{name}-ray-token"
     head_service = f"{name}-head"
     labels = _pod_labels(spec)
-    node_labels = {"raypulse.io/exporter-port": str(spec.exporter_port)}
+    node_labels = {wire.NODE_LABEL_EXPORTER_PORT: str(spec.exporter_port)}
     head_dashboard = "http://127.0.0.1:8265"  # same pod
     worker_dashboard = f"http://{head_service}.{namespace}.svc:8265"
 
@@ -129,14 +131,14 @@ def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
             "minReplicas": group.count,
             "maxReplicas": group.count,
             "rayStartParams": _start_params(group.cpus, group.gpus, group.resources, group.memory),
-            "labels": {**node_labels, "raypulse.io/group": group.name},
+            "labels": {**node_labels, wire.NODE_LABEL_GROUP: group.name},
             "template": pod,
         })
     ray_version = importlib.metadata.version("ray")
     env = runtime_env(spec)
     metadata = job_metadata(spec, attempt=1)
     # KubeRay's own retries (backoffLimit) do not tell the job its attempt number; leave it out.
-    metadata.pop("raypulse.attempt")
+    metadata.pop(wire.META_ATTEMPT)
     rayjob: dict[str, Any] = {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
@@ -154,7 +156,7 @@ def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
                 "authOptions": {"mode": "token", "secretName": secret},
                 "headGroupSpec": {
                     "rayStartParams": {**_start_params(0, 0, spec.head.resources), "dashboard-host": "0.0.0.0"},
-                    "labels": {**node_labels, "raypulse.io/group": "head"},
+                    "labels": {**node_labels, wire.NODE_LABEL_GROUP: "head"},
                     "headService": {"metadata": {"name": head_service}},
                     "template": head_pod,
                 },
@@ -180,7 +182,7 @@ def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
         "kind": "PodMonitor",
         "metadata": {"name": f"{name}-raypulse", "namespace": namespace, "labels": labels},
         "spec": {
-            "selector": {"matchLabels": {"raypulse.io/run-id": name}},
+            "selector": {"matchLabels": {POD_LABEL_RUN_ID: name}},
             "podMetricsEndpoints": [{"port": EXPORTER_PORT_NAME, "path": "/metrics", "interval": "15s"}],
         },
     }
@@ -219,12 +221,13 @@ def apply(spec: JobSpec) -> list[dict[str, Any]]:
         core.create_namespaced_secret(namespace, secret)
         custom.create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", rayjob)
     except ApiException as exc:
-        audit.record("kuberay.apply", f"error: {exc.status} {exc.reason}", run_id=spec.run_id, namespace=namespace)
+        Journal().emit("manifests.applied", run_id=spec.run_id, namespace=namespace,
+                       error=f"error: {exc.status} {exc.reason}")
         raise BadInput(f"backend: Kubernetes refused the RayJob ({exc.status} {exc.reason}): {exc.body}") from None
     try:
         custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", namespace, "podmonitors", pod_monitor)
         monitored = "ok"
     except ApiException as exc:  # no Prometheus Operator: the job runs, metrics need another scrape config
         monitored = f"no PodMonitor ({exc.status} {exc.reason})"
-    audit.record("kuberay.apply", "ok", run_id=spec.run_id, namespace=namespace, pod_monitor=monitored)
+    Journal().emit("manifests.applied", run_id=spec.run_id, namespace=namespace, pod_monitor=monitored)
     return manifests

@@ -23,23 +23,19 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from opentelemetry import trace
 
-from launcher import audit
-from launcher.display import Reporter
+from exporter import wire
 from launcher.errors import BadInput, InfraError
-from launcher.exporters import GPU_CONTROL_ENV, ExporterPlan
+from launcher.exporter_plan import ExporterPlan
+from launcher.journal import Journal
+from launcher.raydash import RayDashboard
 from launcher.spec import JobSpec
 from launcher.state import ClusterRecord, ExporterRef, ProcessRef, cluster_dir, write_token
 
-TAG_ENV = "RAYPULSE_CLUSTER_TAG"
-EXPORTER_PORT_LABEL = "raypulse.io/exporter-port"
 HEAD_OBJECT_STORE = 256 * 2**20  # the head holds only the driver's objects
 WORKER_OBJECT_STORE = 512 * 2**20  # per worker, unless it has a memory size (then 20% of it)
 START_TIMEOUT_S = 180.0
@@ -97,7 +93,7 @@ def plan_nodes(spec: JobSpec, cluster: str, gcs_port: int, dashboard_port: int) 
     def gpu_control(node: str) -> str:
         """The node's fault-injection file; one shared file when the user's environment names one
         (RAYPULSE_EXPORTER_GPU__CONTROL_FILE, which the exporters would read anyway)."""
-        return os.environ.get(GPU_CONTROL_ENV) or str(cluster_dir(cluster) / f"gpus-{node}.json")
+        return os.environ.get(wire.ENV_GPU_CONTROL_FILE) or str(cluster_dir(cluster) / f"gpus-{node}.json")
 
     def exporter(node: str, role: str, index: int, gpus: int) -> ExporterPlan:
         return ExporterPlan(node=node, role=role, port=spec.exporter_port + 2 * index,
@@ -106,7 +102,8 @@ def plan_nodes(spec: JobSpec, cluster: str, gcs_port: int, dashboard_port: int) 
                             gpu_control=gpu_control(node) if spec.simulate_gpus and gpus else None)
 
     def labels(plan: ExporterPlan, group: str) -> str:
-        return f"{EXPORTER_PORT_LABEL}={plan.port},raypulse.io/node={plan.node},raypulse.io/group={group}"
+        return (f"{wire.NODE_LABEL_EXPORTER_PORT}={plan.port},{wire.NODE_LABEL_NODE}={plan.node},"
+                f"{wire.NODE_LABEL_GROUP}={group}")
 
     head_exporter = exporter("head", "head", 0, 0)
     head = NodePlan("head", "head", head_exporter, [
@@ -151,12 +148,6 @@ def check_ports(nodes: list[NodePlan]) -> None:
                                 "base port (node i uses base + 2i), or `launcher down` a kept cluster")
 
 
-def _get_json(url: str, token: str, timeout: float = 2.0) -> object:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
-
-
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -167,12 +158,12 @@ def _tail(path: Path, lines: int = 15) -> str:
 class LocalCluster:
     """Start with `start()`, end with `teardown()`; `record` describes the running cluster."""
 
-    def __init__(self, spec: JobSpec, name: str, reporter: Reporter, cancel: threading.Event | None = None,
-                 kept: bool = False, defer_exporters: bool = False, tracer: trace.Tracer | None = None) -> None:
+    def __init__(self, spec: JobSpec, name: str, journal: Journal, cancel: threading.Event | None = None,
+                 kept: bool = False, defer_exporters: bool = False) -> None:
         self.spec = spec
-        self.tracer = tracer or trace.NoOpTracer()  # the run's (cluster.wait_nodes, cluster.teardown spans)
+        self.journal = journal  # the run's, or one of its own for `launcher up`
         self.name = name
-        self.reporter = reporter
+        self.reporter = journal.reporter
         self.cancel = cancel or threading.Event()
         self.kept = kept
         self.record: ClusterRecord | None = None
@@ -182,11 +173,9 @@ class LocalCluster:
         self._exporters_started = False
 
     @classmethod
-    def adopt(cls, record: ClusterRecord, reporter: Reporter, cancel: threading.Event | None = None,
-              tracer: trace.Tracer | None = None) -> LocalCluster:
+    def adopt(cls, record: ClusterRecord, journal: Journal, cancel: threading.Event | None = None) -> LocalCluster:
         """A cluster started by an earlier launcher process, from its record (for its teardown)."""
-        cluster = cls(JobSpec(entrypoint="true"), record.name, reporter, cancel, kept=record.kept,  # spec: unused
-                      tracer=tracer)
+        cluster = cls(JobSpec(entrypoint="true"), record.name, journal, cancel, kept=record.kept)  # spec: unused
         cluster.record = record
         cluster._exporters_started = True  # they were started with it, or are not coming back
         return cluster
@@ -201,6 +190,7 @@ class LocalCluster:
         check_ports(nodes)
         if cluster_dir(self.name).joinpath("cluster.json").exists():
             raise PortInUse(f"cluster: a cluster named {self.name!r} is already running; `launcher down {self.name}`")
+        self.journal.emit("cluster.starting", cluster=self.name, nodes=len(nodes))
         token = secrets.token_hex(32)
         token_path = write_token(self.name, token)
         temp_dir = tempfile.mkdtemp(prefix="rp-")  # short: Ray's socket paths must stay under 107 bytes
@@ -215,27 +205,27 @@ class LocalCluster:
             self._start_nodes(nodes, token_path)
         except BaseException as exc:
             keep_logs = isinstance(exc, ClusterError)
+            self.journal.emit("cluster.failed", cluster=self.name, logs=temp_dir if keep_logs else None,
+                              result="cancelled" if isinstance(exc, Cancelled) else f"error: {exc}")
             self.teardown(quiet=True, keep_temp=keep_logs)
-            audit.record("cluster.up", "cancelled" if isinstance(exc, Cancelled) else f"error: {exc}",
-                         cluster=self.name, logs=temp_dir if keep_logs else None)
             raise
-        audit.record("cluster.up", "ok", cluster=self.name, nodes=len(nodes), address=self.record.address,
-                     seconds=round(time.monotonic() - started, 2), kept=self.kept)
+        self.journal.emit("cluster.up", cluster=self.name, nodes=len(nodes), address=self.record.address,
+                          seconds=round(time.monotonic() - started, 2), kept=self.kept)
         return self.record
 
     def _environment(self, token_path: Path, node: NodePlan) -> dict[str, str]:
         env = {key: value for key, value in os.environ.items()
-               if key not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN", "RAYPULSE_PROGRESS_URL")}
+               if key not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN", wire.ENV_PROGRESS_URL)}
         env.update({
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(token_path),
             "RAY_USAGE_STATS_ENABLED": "0",
             # `python` in an entrypoint is this environment's Python, the one that has Ray.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            TAG_ENV: self.record.tag,
+            wire.ENV_CLUSTER_TAG: self.record.tag,
         })
         if node.exporter.progress_url:
-            env["RAYPULSE_PROGRESS_URL"] = node.exporter.progress_url
+            env[wire.ENV_PROGRESS_URL] = node.exporter.progress_url
         return env
 
     def _spawn(self, command: list[str], env: dict[str, str], log: Path, role: str, node: str) -> subprocess.Popen:
@@ -250,7 +240,7 @@ class LocalCluster:
 
     def _start_nodes(self, nodes: list[NodePlan], token_path: Path) -> None:
         temp = Path(self.record.temp_dir)
-        token = token_path.read_text()
+        dashboard = RayDashboard(self.record.address, token_path.read_text().strip())
         ray = _ray_cli()
         head, workers = nodes[0], nodes[1:]
         ray_processes: dict[str, subprocess.Popen] = {}
@@ -272,17 +262,17 @@ class LocalCluster:
         node_ips: dict[str, str] = {}
 
         def all_alive() -> bool:
-            reply = _get_json(f"{self.record.address}/api/v0/nodes?detail=1&limit=1000", token)
+            reply = dashboard.get_json("/api/v0/nodes?detail=1&limit=1000", timeout=2.0)
             for item in reply["data"]["result"]["result"]:
-                port = (item.get("labels") or {}).get(EXPORTER_PORT_LABEL)
+                port = (item.get("labels") or {}).get(wire.NODE_LABEL_EXPORTER_PORT)
                 if item.get("state") == "ALIVE" and port in expected and expected[port] not in alive:
                     alive.add(expected[port])
                     node_ips[expected[port]] = item.get("node_ip") or "127.0.0.1"
                     self.reporter.done(expected[port], f"{expected[port]} alive")
             return len(alive) == len(nodes)
 
-        with self.tracer.start_as_current_span("cluster.wait_nodes", attributes={"raypulse.nodes": len(nodes)}):
-            self._wait(all_alive, ray_processes, temp, "every node to be alive")
+        self.journal.emit("cluster.nodes_started", cluster=self.name, nodes=len(nodes))
+        self._wait(all_alive, ray_processes, temp, "every node to be alive")
         for node in nodes:
             node.exporter = dataclasses.replace(node.exporter, host=node_ips[node.name])
         self.record.exporters = [ExporterRef(node=n.name, role=n.role, url=n.exporter.url,
@@ -323,7 +313,7 @@ class LocalCluster:
             try:
                 if ready():
                     return
-            except (OSError, urllib.error.URLError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError):
                 pass  # not up yet
             if time.monotonic() > deadline:
                 raise ClusterError(f"timed out after {START_TIMEOUT_S:.0f}s waiting for {what}; logs in {temp}")
@@ -335,24 +325,17 @@ class LocalCluster:
         """Stop every process of the cluster, then forget it."""
         if self.record is None:
             return
-        with self.tracer.start_as_current_span("cluster.teardown", attributes={"raypulse.cluster": self.name}):
-            self._teardown(quiet, keep_temp)
-
-    def _teardown(self, quiet: bool, keep_temp: bool) -> None:
         started = time.monotonic()
         if not quiet:
             self.report_dead_exporters()
-            self.reporter.step("teardown", f"tearing down cluster {self.name}")
+        self.journal.emit("cluster.teardown", cluster=self.name, show=not quiet)
         left = stop_cluster_processes(self.record)
         for process, _ in self._processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(1)  # reap our children
         forget_cluster(self.record, keep_temp=keep_temp)
-        if not quiet:
-            self.reporter.done("teardown", f"cluster {self.name} torn down"
-                               + (f"; {left} process(es) needed SIGKILL" if left else ""))
-        audit.record("cluster.down", "ok", cluster=self.name, seconds=round(time.monotonic() - started, 2),
-                     killed=left or None)
+        self.journal.emit("cluster.down", cluster=self.name, seconds=round(time.monotonic() - started, 2),
+                          killed=left or None, show=not quiet)
         self.record = None
 
 
@@ -377,7 +360,7 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
     for process in psutil.process_iter():
         try:
             if process.pid != os.getpid() and process.status() != psutil.STATUS_ZOMBIE \
-                    and process.environ().get(TAG_ENV) == tag:
+                    and process.environ().get(wire.ENV_CLUSTER_TAG) == tag:
                 found.append(process)
         except psutil.Error:
             continue

@@ -4,8 +4,9 @@ Submission is idempotent by submission id, as KubeRay's submitter does it: attem
 `R-a<n>`; before submitting, the run asks the cluster for that id and follows the job it finds
 instead of submitting twice. A failed attempt is retried as a new attempt after a backoff (doubling,
 capped) up to max_retries; a stop or a deadline ends the run without retry. Every attempt carries
-the raypulse.* metadata that the exporter turns into job labels. Each attempt, its phases and each
-backoff are spans of the run's trace (launcher/tracing.py), whose id goes to the attempt's metadata.
+the raypulse.* metadata that the exporter turns into job labels. Every change is an event of the
+run's journal (launcher/journal.py), which keeps the record, the audit log, the trace and the
+display in step.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from launcher import audit
-from launcher.display import Reporter
+from exporter import wire
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
 from launcher.jobs import TERMINAL, ClusterLost, JobsClient
+from launcher.journal import Journal
 from launcher.spec import JobSpec
 from launcher.state import AttemptRecord, RunRecord, request_stop, stop_requested
-from launcher.tracing import AttemptSpan, RunTrace, traceparent
 
 POLL_S = 0.25
 LOST_AFTER_S = 30.0  # the Jobs API failing this long means the cluster is gone
@@ -38,16 +38,16 @@ def job_metadata(spec: JobSpec, attempt: int, trace_id: str | None = None) -> di
     """The Ray job metadata shared with the exporter (it labels job series with these), and the run's
     trace id when it is traced (so the trace can be found from the job)."""
     metadata = {
-        "raypulse.job_name": spec.name,
-        "raypulse.run_id": spec.run_id or "",
-        "raypulse.attempt": str(attempt),
-        "raypulse.max_attempts": str(spec.max_attempts),
-        "raypulse.workspace": spec.workspace,
-        "raypulse.user": spec.user,
+        wire.META_JOB_NAME: spec.name,
+        wire.META_RUN_ID: spec.run_id or "",
+        wire.META_ATTEMPT: str(attempt),
+        wire.META_MAX_ATTEMPTS: str(spec.max_attempts),
+        wire.META_WORKSPACE: spec.workspace,
+        wire.META_USER: spec.user,
     }
-    metadata.update({f"raypulse.label.{key}": value for key, value in spec.labels.items()})
+    metadata.update({wire.META_LABEL_PREFIX + key: value for key, value in spec.labels.items()})
     if trace_id:
-        metadata["raypulse.trace_id"] = trace_id
+        metadata[wire.META_TRACE_ID] = trace_id
     return metadata
 
 
@@ -62,7 +62,7 @@ def runtime_env(spec: JobSpec, attempt: int | None = None, trace_parent: str | N
         env["pip"] = list(spec.runtime_env.pip)
     env_vars = dict(spec.runtime_env.env_vars)
     if attempt is not None:
-        env_vars.update({"RAYPULSE_RUN_ID": spec.run_id or "", "RAYPULSE_ATTEMPT": str(attempt)})
+        env_vars.update({wire.ENV_RUN_ID: spec.run_id or "", wire.ENV_ATTEMPT: str(attempt)})
     if trace_parent:
         env_vars["TRACEPARENT"] = trace_parent
     if env_vars:
@@ -94,26 +94,58 @@ def update_attempt(record: RunRecord, attempt: int, details: Any) -> AttemptReco
     return item
 
 
+def finish_run(journal: Journal, state: str, reason: str | None) -> RunRecord:
+    """Give the run its final state and exit code (one event: the record, the audit line, the trace)."""
+    record = journal.record
+    assert record is not None, "only the process that owns a run's record finishes it"
+    journal.emit("run.finished", state=state, reason=reason, attempts=len(record.attempts),
+                 exit_code=int(FINAL_STATES[state]))
+    return record
+
+
+class _LogTail:
+    """The attempt's log streamed to the display while it runs; counts what it printed, so the
+    rest is printed once from the saved log at the end."""
+
+    def __init__(self, client: JobsClient, sid: str, show: Callable[[str], None]) -> None:
+        self.printed = 0
+        self._show = show
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = client.follow_logs(sid, self._write)
+
+    def _write(self, chunk: str) -> None:
+        with self._lock:
+            if not self._closed:
+                self.printed += len(chunk)
+                self._show(chunk)
+
+    def close(self) -> int:
+        self._thread.join(timeout=1)  # Ray closes the stream a little after the end; the rest is caught up
+        with self._lock:
+            self._closed = True
+        return self.printed
+
+
 class Run:
     """Drives a run's attempts on one cluster. `start()` submits (or finds) the current attempt,
     `wait()` follows it to the end, retrying; `stop()` may be called from any thread."""
 
-    def __init__(self, spec: JobSpec, client: JobsClient, record: RunRecord, reporter: Reporter,
-                 cancel: threading.Event, follow_logs: bool = True,
-                 on_running: Callable[[], None] | None = None, run_trace: RunTrace | None = None) -> None:
+    def __init__(self, spec: JobSpec, client: JobsClient, journal: Journal, cancel: threading.Event,
+                 follow_logs: bool = True, on_running: Callable[[], None] | None = None) -> None:
+        assert journal.record is not None
         self.spec = spec
-        self.trace = run_trace or RunTrace.off()
-        self._attempt_span: AttemptSpan | None = None  # the current attempt's, until it ends
+        self.client = client
+        self.journal = journal
+        self.record: RunRecord = journal.record
+        self.reporter = journal.reporter
+        self.cancel = cancel
+        self.follow_logs = follow_logs
         # Called once, when the first attempt runs (or has waited EXPORTERS_AFTER_S, or ended):
         # the local backend starts its exporters then, off the path to a running job.
         self._on_running = on_running
-        self.client = client
-        self.record = record
-        self.reporter = reporter
-        self.cancel = cancel
-        self.follow_logs = follow_logs
         self.current = 0
-        self._attempt_started = record.created_at
+        self._attempt_started = self.record.created_at
 
     # --- submission ----------------------------------------------------------------------------
 
@@ -134,51 +166,28 @@ class Run:
             return
         attempt, details = latest
         self.current = attempt
-        self.reporter.info(f"run {self.record.run_id} already has attempt {attempt} "
-                           f"({submission_id(self.record.run_id, attempt)}, {details.status.value}); "
-                           "following it instead of submitting again")
+        self.journal.emit("attempt.found", attempt=attempt, submission_id=submission_id(self.record.run_id, attempt),
+                          status=details.status.value)
         if details.status.value == "FAILED" and attempt < self.spec.max_attempts:
             self._submit(attempt + 1)
-        else:
-            self._open_attempt_span(attempt).phase(details.status.value)
 
     def _submit(self, attempt: int) -> None:
         sid = submission_id(self.record.run_id, attempt)
         self.current = attempt
         self._attempt_started = time.time() if attempt > 1 else self.record.created_at
-        span = self._open_attempt_span(attempt)
+        self.journal.emit("attempt.submitting", attempt=attempt, submission_id=sid)
         if self.client.details(sid) is None:  # status first, also for retries
             try:
-                with span.child("attempt.submit"):
-                    self.client.submit(sid, self.spec.entrypoint,
-                                       runtime_env(self.spec, attempt, traceparent(span.span)),
-                                       job_metadata(self.spec, attempt, self.trace.trace_id))
+                self.client.submit(sid, self.spec.entrypoint,
+                                   runtime_env(self.spec, attempt, self.journal.traceparent()),
+                                   job_metadata(self.spec, attempt, self.journal.run_trace.trace_id))
             except RuntimeError as exc:
-                self.end_attempt_span("FAILED", f"not submitted: {exc}")
-                audit.record("attempt.submit", f"error: {exc}", run_id=self.record.run_id, submission_id=sid)
+                self.journal.emit("attempt.submit_failed", attempt=attempt, submission_id=sid, error=str(exc))
                 if "status code 4" in str(exc):
                     raise BadInput(f"the cluster refused attempt {attempt}: {exc}") from None
                 raise InfraError(f"submitting attempt {attempt} failed: {exc}") from None
-            audit.record("attempt.submit", "ok", run_id=self.record.run_id, submission_id=sid, attempt=attempt,
-                         address=self.client.address, entrypoint=self.spec.entrypoint)
-        if self.record.attempt(attempt) is None:
-            self.record.attempts.append(AttemptRecord(attempt=attempt, submission_id=sid, submitted_at=time.time()))
-        self.record.state = "PENDING"
-        self.record.save()
-        span.phase("PENDING")
-        self.reporter.info(f"attempt {attempt}/{self.spec.max_attempts} submitted as {sid}")
-
-    def _open_attempt_span(self, attempt: int) -> AttemptSpan:
-        self.end_attempt_span("ABANDONED")  # not expected: an attempt's span ends with the attempt
-        self._attempt_span = AttemptSpan(self.trace, self.record.run_id, attempt,
-                                         submission_id(self.record.run_id, attempt))
-        return self._attempt_span
-
-    def end_attempt_span(self, state: str, message: str | None = None, driver_exit_code: int | None = None) -> None:
-        """End the current attempt's span (also when the run is left mid-attempt)."""
-        if self._attempt_span is not None:
-            self._attempt_span.end(state, message, driver_exit_code)
-            self._attempt_span = None
+        self.journal.emit("attempt.submitted", attempt=attempt, submission_id=sid, address=self.client.address,
+                          entrypoint=self.spec.entrypoint)
 
     # --- following -----------------------------------------------------------------------------
 
@@ -193,53 +202,44 @@ class Run:
             outcome = self._follow(self.current)
             if outcome == "FAILED" and self.current < self.spec.max_attempts:
                 delay = backoff_seconds(self.spec, self.current)
-                self.record.state = "RETRYING"
-                self.record.save()
-                self.reporter.info(f"attempt {self.current} failed; attempt {self.current + 1} in {delay:g}s")
-                with self.trace.span("retry.backoff", **{"raypulse.backoff_seconds": delay,
-                                                         "raypulse.next_attempt": self.current + 1}):
-                    interrupted = self._sleep(delay)
+                self.journal.emit("retry.scheduled", attempt=self.current, delay=delay)
+                interrupted = self._sleep(delay)
                 if interrupted:
                     return self._finish(interrupted, "stopped during the backoff before a retry")
                 self._submit(self.current + 1)
                 continue
-            reason = None
             attempt = self.record.attempt(self.current)
-            if outcome == "FAILED" and attempt is not None:
-                reason = attempt.message
+            reason = attempt.message if outcome == "FAILED" and attempt is not None else None
             return self._finish(outcome, reason)
 
     def _sleep(self, seconds: float) -> str | None:
         """Sleep unless stopped or past the active deadline; returns the final state that cut it short."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            if self.cancel.is_set() or stop_requested(self.record.run_id):
-                return "STOPPED"
-            if self._active_deadline_passed():
-                return "DEADLINE_EXCEEDED"
+            reason = self._reason_to_stop(None)
+            if reason is not None:
+                return reason
             self.cancel.wait(min(POLL_S, max(0.0, deadline - time.monotonic())))
         return None
 
-    def _active_deadline_passed(self) -> bool:
-        limit = self.spec.active_deadline_seconds
-        return limit is not None and time.time() - self.record.created_at > limit
-
     def _follow(self, attempt: int) -> str:
-        """Poll the attempt until it ends, stopping it on a stop request or a deadline. Returns
+        """Follow the attempt to its end, stopping it on a stop request or a deadline. Returns
         SUCCEEDED, FAILED, STOPPED or DEADLINE_EXCEEDED."""
         sid = submission_id(self.record.run_id, attempt)
-        printed = [0]
-        lock = threading.Lock()
-        closed = [False]
+        tail = _LogTail(self.client, sid, self.reporter.log) if self.follow_logs else None
+        ending, status = self._watch(attempt, sid)
+        printed = tail.close() if tail is not None else 0
+        self._save_log(attempt, sid, printed)
+        final = self.record.attempt(attempt)
+        self.journal.emit("attempt.finished", attempt=attempt, submission_id=sid, status=final.status,
+                          state=ending or status, message=final.message, error_type=final.error_type,
+                          driver_exit_code=final.driver_exit_code)
+        return ending or status
 
-        def write(chunk: str) -> None:
-            with lock:
-                if not closed[0]:
-                    printed[0] += len(chunk)
-                    self.reporter.log(chunk)
-
-        tail = self.client.follow_logs(sid, write) if self.follow_logs else None
-        ending: str | None = None  # our reason for stopping the attempt, if we stopped it
+    def _watch(self, attempt: int, sid: str) -> tuple[str | None, str]:
+        """Poll the attempt until Ray says it ended, or until it was stopped and Ray confirmed (or
+        STOP_WAIT_S passed). Returns (our reason for stopping it, if any; Ray's last status)."""
+        ending: str | None = None
         stop_sent_at = 0.0
         last_ok = followed = time.monotonic()
         status = "PENDING"
@@ -247,12 +247,8 @@ class Run:
             if ending is None:
                 ending = self._reason_to_stop(status)
                 if ending is not None:
-                    what = {"STOPPED": "stop requested", "DEADLINE_EXCEEDED": self.record.reason}.get(ending, ending)
-                    self.reporter.info(f"stopping attempt {attempt} ({what})")
-                    self.client.stop(sid)
+                    self._stop_attempt(attempt, sid, ending)
                     stop_sent_at = time.monotonic()
-                    audit.record("attempt.stop", "sent", run_id=self.record.run_id, submission_id=sid,
-                                 reason=ending)
             try:
                 details = self.client.details(sid)
                 last_ok = time.monotonic()
@@ -261,48 +257,46 @@ class Run:
                     raise
                 details = None
             if details is not None:
-                update_attempt(self.record, attempt, details)
-                status = details.status.value
-                if self._attempt_span is not None:
-                    self._attempt_span.phase(status)
-                record = self.record.attempt(attempt)
-                if status == "RUNNING" and record.running_at is None:
-                    record.running_at = time.time()
-                    self.record.state = "RUNNING"
-                    self.record.save()
-                    self.reporter.info(f"attempt {attempt}/{self.spec.max_attempts} RUNNING")
-                if self._on_running and (status != "PENDING" or time.monotonic() - followed > EXPORTERS_AFTER_S):
-                    self._on_running()
-                    self._on_running = None
+                status = self._observe(attempt, details, time.monotonic() - followed)
                 if status in TERMINAL:
-                    break
+                    return ending, status
             if ending is not None and time.monotonic() - stop_sent_at > STOP_WAIT_S:
-                break  # Ray did not confirm the stop in time; the run ends as we decided anyway
+                return ending, status  # Ray did not confirm the stop in time; the run ends as we decided anyway
             if ending is None:
                 self.cancel.wait(POLL_S)  # a stop wakes the loop at once
             else:
                 time.sleep(POLL_S)  # cancel is already set: wait() would not wait
-        if tail is not None:
-            tail.join(timeout=1)  # Ray closes the stream a little after the end; the rest is caught up below
-        with lock:
-            closed[0] = True
-        self._save_log(attempt, sid, printed[0])
-        final = self.record.attempt(attempt)
-        self.end_attempt_span(ending or status, final.message, final.driver_exit_code)
-        self.reporter.info(f"attempt {attempt}/{self.spec.max_attempts} {final.status}"
-                           + (f": {final.message}" if final.status == "FAILED" and final.message else ""))
-        self.record.save()
-        return ending or status
 
-    def _reason_to_stop(self, status: str) -> str | None:
+    def _observe(self, attempt: int, details: Any, followed_for: float) -> str:
+        """Take in what Ray says of the attempt; returns its status."""
+        record = update_attempt(self.record, attempt, details)
+        status = details.status.value
+        if status == "RUNNING" and record.running_at is None:
+            self.journal.emit("attempt.running", attempt=attempt, submission_id=record.submission_id)
+        if self._on_running and (status != "PENDING" or followed_for > EXPORTERS_AFTER_S):
+            self._on_running()
+            self._on_running = None
+        return status
+
+    def _stop_attempt(self, attempt: int, sid: str, ending: str) -> None:
+        why = {"STOPPED": "stop requested", "DEADLINE_EXCEEDED": self.record.reason}.get(ending, ending)
+        self.journal.emit("attempt.stopping", attempt=attempt, submission_id=sid, reason=ending, why=why)
+        self.client.stop(sid)
+
+    def _reason_to_stop(self, status: str | None) -> str | None:
+        """Why the run must stop now (None: it need not). `status` is the current attempt's, None
+        between attempts."""
         if self.cancel.is_set() or stop_requested(self.record.run_id):
             return "STOPPED"
-        if self._active_deadline_passed():
-            self.record.reason = f"active_deadline_seconds ({self.spec.active_deadline_seconds}s) passed"
+        limit = self.spec.active_deadline_seconds
+        if limit is not None and time.time() - self.record.created_at > limit:
+            self.journal.emit("run.deadline", deadline="active_deadline_seconds",
+                              why=f"active_deadline_seconds ({limit}s) passed")
             return "DEADLINE_EXCEEDED"
         limit = self.spec.pre_running_deadline_seconds
         if limit is not None and status == "PENDING" and time.time() - self._attempt_started > limit:
-            self.record.reason = f"pre_running_deadline_seconds ({limit}s) passed before the job was RUNNING"
+            self.journal.emit("run.deadline", deadline="pre_running_deadline_seconds", attempt=self.current,
+                              why=f"pre_running_deadline_seconds ({limit}s) passed before the job was RUNNING")
             return "DEADLINE_EXCEEDED"
         return None
 
@@ -322,20 +316,8 @@ class Run:
 
     def _finish(self, state: str, reason: str | None) -> RunRecord:
         # A deadline's reason was set when it passed (which one, how long).
-        return finish_run(self.record, state, self.record.reason if state == "DEADLINE_EXCEEDED" else reason)
+        return finish_run(self.journal, state, self.record.reason if state == "DEADLINE_EXCEEDED" else reason)
 
     def finish_with(self, code: ExitCode, reason: str) -> RunRecord:
         """End the run for a reason outside the job (the cluster was lost)."""
-        return finish_run(self.record, code.name, reason)
-
-
-def finish_run(record: RunRecord, state: str, reason: str | None) -> RunRecord:
-    """Give the run its final state and exit code, save it and audit it."""
-    record.state = state
-    record.reason = reason
-    record.exit_code = int(FINAL_STATES[state])
-    record.finished_at = time.time()
-    record.save()
-    audit.record("run.finish", state, run_id=record.run_id, attempts=len(record.attempts),
-                 exit_code=record.exit_code, reason=reason, trace_id=record.trace_id)
-    return record
+        return finish_run(self.journal, code.name, reason)

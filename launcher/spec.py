@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -25,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from exporter import strict, wire
+from exporter.strict import Strict
 from launcher.entrypoint import EntrypointError, validate_entrypoint
 from launcher.errors import BadInput
 
@@ -87,8 +88,8 @@ def _dns_label(value: str, limit: int) -> str:
     return value
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class _Strict(Strict):
+    model_config = ConfigDict(validate_assignment=True)
 
 
 class RuntimeEnv(_Strict):
@@ -177,8 +178,10 @@ class JobSpec(_Strict):
     cluster: str | None = Field(None, description="a kept local cluster (launcher up / --keep-cluster)")
     keep_cluster: bool = Field(False, description="leave the local cluster running after the job")
     simulate_gpus: bool = Field(False, description="local workers' exporters simulate their GPUs")
-    exporter_port: int = Field(9477, ge=1024, le=65000, description="head exporter port; local node i: +2i")
-    progress_port: int = Field(9478, ge=1024, le=65000, description="head progress port; local node i: +2i")
+    exporter_port: int = Field(wire.EXPORTER_PORT, ge=1024, le=65000,
+                               description="head exporter port; local node i: +2i")
+    progress_port: int = Field(wire.PROGRESS_PORT, ge=1024, le=65000,
+                               description="head progress port; local node i: +2i")
     token_path: Path | None = Field(None, description="file holding the Ray auth token of an existing cluster")
     namespace: str = Field("default", description="Kubernetes namespace")
     queue: str | None = Field(None, description="Kueue LocalQueue name")
@@ -292,31 +295,12 @@ class JobSpec(_Strict):
         return self.model_copy(update={"run_id": f"{self.name}-{secrets.token_hex(4)}"})
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part not in ("function-after", "function-before") and not str(part).startswith("function-"):
-            path += f".{part}" if path else str(part)
-    return path
+UNKNOWN_FIELD = "unknown field (check the spelling; see README's launcher section for the fields)"
 
 
 def format_validation_error(error: ValidationError, source: str = "job spec") -> str:
     """One line per problem, each starting with the field's path."""
-    lines = []
-    for item in error.errors():
-        where = _location(item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown field (check the spelling; see README's launcher section for the fields)"
-        elif item["type"] == "missing":
-            message = "required"
-        # Model-level checks name their field first ("address: ..."); put it where a field goes.
-        if not where and ": " in message and message.split(": ", 1)[0].isidentifier():
-            where, message = message.split(": ", 1)
-        lines.append(f"{source}: {where or '(top level)'}: {message}")
-    return "\n".join(lines)
+    return "\n".join(f"{source}: {problem}" for problem in strict.problems(error, UNKNOWN_FIELD))
 
 
 def build_spec(data: dict[str, Any], source: str = "job spec") -> JobSpec:

@@ -19,9 +19,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from exporter import wire
+
 
 def home() -> Path:
-    return Path(os.environ.get("RAYPULSE_HOME") or "~/.raypulse").expanduser()
+    return Path(os.environ.get(wire.ENV_HOME) or "~/.raypulse").expanduser()
 
 
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
@@ -56,7 +58,7 @@ class ClusterRecord(BaseModel):
     gcs_address: str
     token_path: str
     temp_dir: str
-    tag: str  # value of RAYPULSE_CLUSTER_TAG in every process of the cluster (teardown finds them by it)
+    tag: str  # value of wire.ENV_CLUSTER_TAG in every process of the cluster (teardown finds them by it)
     kept: bool  # started by `up` or --keep-cluster: stays until `launcher down`
     started_at: float = Field(default_factory=time.time)
     processes: list[ProcessRef] = Field(default_factory=list)
@@ -105,6 +107,16 @@ class AttemptRecord(BaseModel):
     ended_at: float | None = None
 
 
+class EventRecord(BaseModel):
+    """One event of the run's journal (launcher/journal.py): what changed, when, and the line shown."""
+
+    time: float
+    kind: str  # e.g. attempt.submitted, retry.scheduled, run.finished
+    attempt: int | None = None
+    message: str | None = None  # the line the launcher showed for it, if any
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
 class RunRecord(BaseModel):
     """One logical job across its attempts."""
 
@@ -123,6 +135,7 @@ class RunRecord(BaseModel):
     created_at: float = Field(default_factory=time.time)
     finished_at: float | None = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
+    events: list[EventRecord] = Field(default_factory=list)  # the run's journal, oldest first
     spec: dict[str, Any] = Field(default_factory=dict)
 
     @property

@@ -126,12 +126,21 @@ class AttemptSpan:
 
     def __init__(self, run_trace: RunTrace, run_id: str, attempt: int, submission_id: str) -> None:
         self._tracer = run_trace.tracer
-        self.span = self._tracer.start_span("attempt", attributes={
+        self.span = self._tracer.start_span("attempt", context=trace.set_span_in_context(run_trace.root), attributes={
             "raypulse.run_id": run_id, "raypulse.attempt": attempt, "raypulse.submission_id": submission_id})
         self._phase: tuple[str, Span] | None = None
+        self._child: Span | None = None  # attempt.submit while the attempt is submitted
 
-    def child(self, name: str) -> AbstractContextManager[Span]:
-        return self._tracer.start_as_current_span(name, context=trace.set_span_in_context(self.span))
+    def open_child(self, name: str) -> None:
+        self.close_child()
+        self._child = self._tracer.start_span(name, context=trace.set_span_in_context(self.span))
+
+    def close_child(self, error: str | None = None) -> None:
+        if self._child is not None:
+            if error:
+                self._child.set_status(Status(StatusCode.ERROR, error))
+            self._child.end()
+            self._child = None
 
     def phase(self, status: str) -> None:
         """Enter attempt.pending or attempt.running by Ray's status (other statuses change nothing)."""
@@ -147,6 +156,7 @@ class AttemptSpan:
             self._phase = None
 
     def end(self, state: str, message: str | None = None, driver_exit_code: int | None = None) -> None:
+        self.close_child()
         self._end_phase()
         end_span(self.span, state, message, {"raypulse.driver_exit_code": driver_exit_code})
 

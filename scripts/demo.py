@@ -7,7 +7,7 @@ runs, this script shows what the exporters see (steps, loss, throughput, GPUs) a
 Prometheus and Alertmanager are installed, runs them with raypulse's alert rules on the head
 exporter's service discovery and queries them. At the end it checks that nothing is left running.
 
-    python scripts/demo.py [--steps 120] [--keep]    # --keep: leave it all up until Ctrl-C
+    python -m scripts.demo [--steps 120] [--keep]    # --keep: leave it all up until Ctrl-C
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
+from exporter import wire
+from scripts.ports import port_free
+
 REPO = Path(__file__).resolve().parent.parent
 WORKDIR = REPO / ".demo"
 # Wide enough for the tables when the output is not a terminal (rich assumes 80 columns there).
@@ -39,18 +41,9 @@ console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty(
 def port_base(preferred: int, count: int) -> int:
     """`preferred` (the launcher's default) when its ports are free, else a free range."""
     for base in (preferred, *range(30000, 60000, 97)):
-        if all(_free(port) for port in range(base, base + count)):
+        if all(port_free(port) for port in range(base, base + count)):
             return base
     raise SystemExit("demo: no free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return False
-        return True
 
 
 def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -70,7 +63,7 @@ def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 def answers(url: str) -> bool:
     """The head exporter serves /sd, so Prometheus can start on it."""
     try:
-        with urllib.request.urlopen(url + "/sd", timeout=2) as response:
+        with urllib.request.urlopen(url + wire.SD_PATH, timeout=2) as response:
             return response.status == 200 and bool(json.loads(response.read()))
     except (OSError, ValueError):
         return False
@@ -124,11 +117,11 @@ def progress_table(exporters: list[dict]) -> Table | None:
 def start_alerting(head_url: str, workdir: Path):
     """Prometheus + Alertmanager with raypulse's rules on the head's /sd, if they are installed."""
     try:
-        from alerts import stack
+        from scripts import stack
     except ImportError:
         return None
     try:
-        return stack.start_demo(workdir, sd_url=head_url + "/sd", interval="5s")
+        return stack.start_demo(workdir, sd_url=head_url + wire.SD_PATH, interval="5s")
     except (OSError, RuntimeError) as exc:
         console.print(f"[yellow]demo: Prometheus did not start ({exc}); continuing without it")
         return None
@@ -142,7 +135,7 @@ def main() -> int:
     home = WORKDIR / "launcher"
     run_id = f"demo-{secrets.token_hex(3)}"
     exporter_base = port_base(9477, 6)
-    env = {**os.environ, "RAYPULSE_HOME": str(home)}
+    env = {**os.environ, wire.ENV_HOME: str(home)}
     command = [str(Path(sys.executable).with_name("launcher")), "submit", "--name", "demo", "--run-id", run_id,
                "--workers", "2", "--worker-gpus", "1", "--simulate-gpus", "--working-dir", str(REPO / "examples"),
                "--exporter-port", str(exporter_base), "--progress-port", str(exporter_base + 1),
@@ -230,7 +223,7 @@ def leftovers(run_id: str) -> list[int]:
     found = []
     for process in psutil.process_iter():
         try:
-            if process.environ().get("RAYPULSE_CLUSTER_TAG", "").startswith(f"{run_id}-") \
+            if process.environ().get(wire.ENV_CLUSTER_TAG, "").startswith(f"{run_id}-") \
                     and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process.pid)
         except psutil.Error:

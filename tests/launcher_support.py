@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,15 +14,7 @@ from typing import Any
 
 import psutil
 
-
-def free_port_range(ports: int) -> int:
-    """A base whose next `ports` ports are free now, under Linux's ephemeral range (32768+), so that
-    no client socket of this host is handed one of them while a test expects a server there."""
-    for _ in range(200):
-        base = random.randrange(20000, 32000, 2)
-        if all(_free(port) for port in range(base, base + ports)):
-            return base
-    raise RuntimeError("no free port range")
+from scripts.ports import free_port_range
 
 
 def free_base(nodes: int) -> tuple[int, int]:
@@ -32,15 +22,6 @@ def free_base(nodes: int) -> tuple[int, int]:
     are all free now."""
     base = free_port_range(2 * nodes)
     return base, base + 1
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return False
-        return True
 
 
 def env_for(home: Path, **extra: str) -> dict[str, str]:

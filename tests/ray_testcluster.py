@@ -21,6 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter import wire
 from tests.conftest import (
     REPO,
     RunningExporter,
@@ -31,6 +32,10 @@ from tests.conftest import (
     http_get,
     wait_until,
 )
+
+# Collector intervals short enough for a test to see a change within seconds.
+FAST = {f"{wire.ENV_EXPORTER_PREFIX}COLLECTORS__{name.upper()}__INTERVAL_SECONDS": seconds
+        for name, seconds in (("ray", "1"), ("ray_head", "1"), ("ray_processes", "1"), ("train", "0.5"), ("gpu", "1"))}
 
 RAY = str(Path(sys.executable).with_name("ray"))
 

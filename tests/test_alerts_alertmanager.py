@@ -11,9 +11,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from alerts import stack
-from alerts.webhook import Webhook
+from scripts import stack
+from scripts.webhook import Webhook
 from tests.conftest import REPO, binary
+
+pytestmark = pytest.mark.slow  # real servers for several seconds each: left out of `make test-quick`
 
 CONFIG = REPO / "alerts" / "alertmanager.yml"
 

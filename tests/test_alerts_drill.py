@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from alerts import build, stack
-from alerts.drill.faults import QUICK, Context, catalog
-from alerts.drill.report import render
-from alerts.drill.run import Outcome, Report, budget
+from alerts import build
+from scripts import stack
+from scripts.drill.faults import QUICK, Context, catalog
+from scripts.drill.report import render
+from scripts.drill.run import Outcome, Report, budget
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.timeout(900)
@@ -61,12 +62,13 @@ def test_the_report_marks_late_and_missing_alerts():
     assert "Result: **FAILED**" in text
 
 
+@pytest.mark.ray
 def test_quick_drill_raises_each_expected_alert_in_time_and_nothing_else(tmp_path):
     if stack.binaries() is None:
         pytest.fail("prometheus and prometheus-alertmanager are not installed (make system-deps)")
     results = tmp_path / "drill.json"
     # A process of its own: the drill sets the environment its cluster's exporters inherit.
-    run = subprocess.run([sys.executable, "-m", "alerts.drill", "--quick", "--healthy", "45", "--json", str(results),
+    run = subprocess.run([sys.executable, "-m", "scripts.drill", "--quick", "--healthy", "45", "--json", str(results),
                           "--output", str(tmp_path / "drill.md"), "--workdir", str(tmp_path / "work")],
                          cwd=REPO, capture_output=True, text=True, timeout=840)
     assert results.exists(), run.stdout[-3000:] + run.stderr[-3000:]

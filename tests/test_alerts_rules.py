@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from alerts import build, lint
-from alerts.config import DEFAULT, Duration, Tune, d
+from alerts.config import DEFAULT, Duration, d
 from tests.conftest import REPO, binary
 
 RULES = sorted((REPO / "alerts" / "rules").glob("*.yaml"))
@@ -162,7 +162,7 @@ def test_the_unit_tests_notice_a_moved_threshold(tmp_path):
     threshold raised (thermal slowdown at 90% of the time instead of 10%) must fail."""
     tuning = dict(DEFAULT.tuning)
     thermal = tuning["RaypulseGpuThermalSlowdown"]
-    tuning["RaypulseGpuThermalSlowdown"] = Tune(thermal.for_, {**thermal.params, "ratio": 0.9})
+    tuning["RaypulseGpuThermalSlowdown"] = dataclasses.replace(thermal, ratio=0.9)
     build.write_rules(tmp_path / "rules", dataclasses.replace(DEFAULT, tuning=tuning))
     (tmp_path / "tests").mkdir()
     test_file = tmp_path / "tests" / "gpu_test.yaml"

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from exporter.config import ConfigError, load_config, parse_listen
+from exporter.plugins import load
 from tests.conftest import REPO, exporter_command
 
 
@@ -48,7 +49,7 @@ def test_per_collector_settings_from_the_environment():
 ])
 def test_bad_values_name_the_field_and_where_it_came_from(flags, environ, expected):
     with pytest.raises(ConfigError) as error:
-        load_config(flags, environ=environ)
+        load(flags, environ=environ)
     assert expected in str(error.value)
 
 

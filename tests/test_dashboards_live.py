@@ -31,13 +31,15 @@ from pathlib import Path
 import pytest
 
 import launcher
+from alerts import prometheus
 from dashboards import livecheck
+from exporter import wire
 from exporter.gpusim import control
 from tests.conftest import REPO, exporter_command, free_port, http_get, wait_until
 from tests.otlp_receiver import OtlpReceiver
-from tests.ray_testcluster import start_prometheus, stop_process
+from tests.ray_testcluster import FAST, start_prometheus, stop_process
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 # Families this machine cannot produce, and why; a query reading one may come back empty only
 # while Prometheus has never seen the family (on a host that has it, the query must return data).
@@ -118,11 +120,6 @@ trainers = [Trainer.options(scheduling_strategy=PlacementGroupSchedulingStrategy
 print("trained", ray.get([t.train.remote(5 if attempt == 1 else None, stop_file) for t in trainers]))
 '''
 
-FAST = {"RAYPULSE_EXPORTER_COLLECTORS__RAY__INTERVAL_SECONDS": "1",
-        "RAYPULSE_EXPORTER_COLLECTORS__RAY_HEAD__INTERVAL_SECONDS": "1",
-        "RAYPULSE_EXPORTER_COLLECTORS__RAY_PROCESSES__INTERVAL_SECONDS": "1",
-        "RAYPULSE_EXPORTER_COLLECTORS__TRAIN__INTERVAL_SECONDS": "0.5",
-        "RAYPULSE_EXPORTER_COLLECTORS__GPU__INTERVAL_SECONDS": "1"}
 
 
 @dataclass
@@ -180,25 +177,11 @@ def submit_pending_job(address: str, token: str) -> None:
 
 
 def prometheus_config(head_exporter: str, cluster: str, extras: dict[str, int]) -> str:
-    statics = "\n".join(f"""      - targets: ["127.0.0.1:{port}"]
-        labels: {{cluster: "{cluster}", node: "{name}", role: "standalone"}}""" for name, port in extras.items())
-    rules = "\n".join(f"  - {path}" for path in sorted((REPO / "alerts" / "rules").glob("*.yaml")))
-    return f"""
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-  evaluation_interval: 1s
-rule_files:
-{rules}
-scrape_configs:
-  - job_name: raypulse
-    http_sd_configs:
-      - url: {head_exporter}/sd
-        refresh_interval: 1s
-  - job_name: raypulse-standalone
-    static_configs:
-{statics}
-"""
+    """The head's /sd, and the standalone exporters as fixed targets labelled like the nodes."""
+    standalone = [(f"127.0.0.1:{port}", {"cluster": cluster, "node": name, "role": "standalone"})
+                  for name, port in extras.items()]
+    return prometheus.render(prometheus.config(sd_url=head_exporter + wire.SD_PATH, targets=standalone,
+                                               scrape_interval="1s"))
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from types import MappingProxyType
 import pynvml
 import pytest
 
+from exporter import plugins
 from exporter.catalog import CATALOG, MetricSpec
 from exporter.collector import load_collectors
 from exporter.collectors.gpu import (
@@ -32,11 +33,11 @@ from exporter.collectors.gpu import (
 )
 from exporter.collectors.gpu import event_collector as events
 from exporter.collectors.gpu.collector import GpuCollector, nvml_module
-from exporter.collectors.gpu.processes import GpuProcessUsage
 from exporter.collectors.gpu.reader import NvmlDown
 from exporter.config import ConfigError, load_config
 from exporter.gpusim import control
 from exporter.gpusim.nvml import SimulatedNvml
+from exporter.shared import GpuProcessUsage
 from exporter.snapshot import SampleSink, Snapshot
 
 load_collectors()
@@ -54,8 +55,7 @@ class Rig:
         self.nvml = SimulatedNvml(count, model, self.path, clock=gpu_clock or time.monotonic)
         # Short event waits: the watcher notices it should stop sooner, so tests end sooner.
         self.collector = GpuCollector(self.config, nvml=self.nvml, clock=clock or time.monotonic, event_wait_ms=100)
-        self.events = events.GpuEventsCollector(self.config)
-        self.events.peers = {"gpu": self.collector}
+        self.events = events.GpuEventsCollector(self.config, self.collector.shared)
 
     def change(self, apply: Callable[[control.Control], object]) -> None:
         control.update(self.path, lambda document: apply(document) and None)
@@ -193,7 +193,7 @@ def test_the_configuration_chooses_simulated_or_real_nvml():
 ])
 def test_bad_gpu_settings_name_the_field(settings, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        load_config({"gpu": settings}, environ={})
+        plugins.load({"gpu": settings}, environ={})
 
 
 def test_without_nvml_the_run_succeeds_and_says_why(tmp_path):
@@ -210,7 +210,7 @@ def test_without_nvml_the_run_succeeds_and_says_why(tmp_path):
     snapshot = sink.freeze(0)
     assert snapshot.value(health.NVML_UP) == 0
     assert snapshot.value(health.INIT_FAILURES, error="library_not_found") == 1
-    assert collector.process_usage() == {}
+    assert collector.shared.gpu_processes.get() == {}
 
 
 def test_thermal_throttle_shows_in_temperature_clocks_and_clock_events(rig):
@@ -411,9 +411,9 @@ def test_the_process_table_attributes_gpu_use_to_pids(rig):
     trainer = control.Process(pid=7001, memory_bytes=30 << 30, sm_utilization=0.8, name="ray::TrainWorker")
     gpus.change(lambda d: (gpus.gpu(0)(d).processes.append(trainer),
                            gpus.gpu(1)(d).processes.extend([trainer, control.Process(pid=7002, memory_bytes=1 << 30)])))
-    assert gpus.collector.process_usage() == {}  # before the first run
+    assert gpus.collector.shared.gpu_processes.get() == {}  # before the first run
     snapshot = gpus.runs(2)
-    table = gpus.collector.process_usage()
+    table = gpus.collector.shared.gpu_processes.get()
     assert isinstance(table, MappingProxyType)
     assert set(table) == {7001, 7002}
     assert [(u.gpu, u.uuid) for u in table[7001]] == [(0, gpus.nvml.gpus[0].uuid), (1, gpus.nvml.gpus[1].uuid)]
@@ -434,7 +434,7 @@ def test_the_process_table_attributes_gpu_use_to_pids(rig):
 
     gpus.change(lambda d: gpus.gpu(1)(d).processes.clear())
     snapshot = gpus.run()
-    assert set(gpus.collector.process_usage()) == {7001}
+    assert set(gpus.collector.shared.gpu_processes.get()) == {7001}
     assert gpus.value(snapshot, processes.MEMORY_USED, 1, pid=7002) is None  # gone, not frozen
     assert gpus.value(snapshot, processes.PROCESSES, 1) == 0
 

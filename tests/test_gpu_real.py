@@ -150,8 +150,7 @@ def test_cycle_time_per_gpu(real):
 
 
 def test_the_xid_watcher_listens(real):
-    collector = events.GpuEventsCollector(real.collector.config)
-    collector.peers = {"gpu": real.collector}
+    collector = events.GpuEventsCollector(real.collector.config, real.collector.shared)
     deadline = time.monotonic() + 5
     up = 0.0
     while time.monotonic() < deadline and up != 1:
@@ -163,7 +162,7 @@ def test_the_xid_watcher_listens(real):
 
 
 def test_the_process_table_agrees_with_the_process_series(real):
-    table = real.collector.process_usage()
+    table = real.collector.shared.gpu_processes.get()
     print(f"\nprocesses on the GPUs at the last run: {sorted(table) or 'none'}")
     per_gpu: dict[str, int] = {}
     for pid, uses in table.items():

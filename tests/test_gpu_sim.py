@@ -190,7 +190,7 @@ def test_init_error_fails_nvml_init(tmp_path):
     ({"init_error": "BROKEN"}, "init_error: unknown NVML error 'BROKEN'"),
     ({"gpus": {"0": {"mig": ["3g"]}}}, "gpus.0.mig: MIG profile '3g' is not of the form"),
     ({"gpus": {"0": {"errors": {"nvmlDeviceGetPowerUsage": "OOPS"}}}}, "unknown NVML error 'OOPS'"),
-    ({"gpus": {"0": {"lots": True}}}, "gpus.0.lots: Extra inputs are not permitted"),
+    ({"gpus": {"0": {"lots": True}}}, "gpus.0.lots: unknown field (check the spelling)"),
     ({"gpus": {"0": {"events": [{"seq": 2, "type": "xid"}, {"seq": 1, "type": "xid"}]}}}, "unique and increasing"),
 ])
 def test_control_file_errors_name_the_field(tmp_path, document, message):

@@ -21,14 +21,13 @@ from typing import Any
 import psutil
 import pytest
 
-from exporter.collectors.ray import sd
-from launcher.deploy import raypulse_agent
+from exporter import wire
 from launcher.deploy.raypulse_agent.node import NodeExporter
 from tests.conftest import http_get, wait_until
 from tests.launcher_support import free_port_range, launcher
 from tests.ray_testcluster import RAY, RayCluster, RayNode, start_prometheus, stop_process
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 INTERVAL = 2.0  # the supervisor's round, seconds
 NODE_PORTS = 48  # Ray's ports per node: 7 fixed ones and 41 for its workers
 
@@ -94,7 +93,7 @@ class Deployment:
 
     def raypulse_actors(self) -> list[dict[str, Any]]:
         path = ("/api/v0/actors?limit=1000&filter_keys=ray_namespace&filter_predicates=%3D&filter_values="
-                + raypulse_agent.NAMESPACE)
+                + wire.DEPLOY_NAMESPACE)
         return [a for a in self.cluster.api(path)["data"]["result"]["result"] if a["state"] != "DEAD"]
 
     def sd(self) -> list[dict[str, Any]]:
@@ -149,12 +148,6 @@ def deployment(tmp_path_factory) -> Iterator[Deployment]:
                 log.unlink(missing_ok=True)
         for process in exporter_processes(base):  # what the actors' death did not take with it
             process.kill()
-
-
-def test_the_agent_and_the_exporter_agree_on_the_registry_names():
-    assert (sd.DEPLOY_NAMESPACE, sd.DEPLOYED_ACTOR_PREFIX) == (raypulse_agent.NAMESPACE,
-                                                                raypulse_agent.NODE_ACTOR_PREFIX)
-    assert sd.deployed_ports([{"name": raypulse_agent.node_actor_name("abc", 9501)}]) == {"abc": 9501}
 
 
 def test_a_node_actor_starts_restarts_and_stops_its_exporter(tmp_path: Path):

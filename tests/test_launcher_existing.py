@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import free_port, http_get, wait_until
 from tests.launcher_support import cluster_processes, launcher, status_json
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 
 @dataclass

@@ -34,20 +34,29 @@ from tests.launcher_support import (
     status_json,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
-# A multi-line Python script inside single quotes: one command line (the newlines are quoted).
+# A multi-line Python script inside single quotes: one command line (the newlines are quoted). It
+# pins one task on each worker node (the scheduler may put the 20 others anywhere) and prints which
+# progress URL that node's processes got.
 INLINE_JOB = """echo 'import os, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 ray.init()
 
-@ray.remote(num_cpus=1, scheduling_strategy="SPREAD")  # both workers, as the test expects
+@ray.remote(num_cpus=1)
 def square(x):
-    return x * x, os.environ.get("RAYPULSE_PROGRESS_URL"), ray.get_runtime_context().get_node_id()
+    return x * x
 
-results = ray.get([square.remote(i) for i in range(20)])
-print("sum of squares", sum(value for value, _, _ in results))
-print("progress urls", sorted({url for _, url, _ in results}))
-print("worker nodes", len({node for _, _, node in results}))
+@ray.remote(num_cpus=1)
+def where():
+    labels = ray.get_runtime_context().get_node_labels()
+    return labels.get("raypulse.io/node"), os.environ.get("RAYPULSE_PROGRESS_URL")
+
+workers = [node["NodeID"] for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU")]
+pinned = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+          for node in workers]
+print("sum of squares", sum(ray.get([square.remote(i) for i in range(20)])))
+print("progress urls", sorted(ray.get(pinned)))
 print("attempt", os.environ["RAYPULSE_ATTEMPT"], "of run", os.environ["RAYPULSE_RUN_ID"])
 ' > job.py && python job.py"""
 
@@ -90,9 +99,8 @@ def test_job_succeeds_with_its_output_and_the_cluster_is_gone(home: Path):
     assert result.returncode == 0, result.stderr
     assert "sum of squares 2470" in result.stdout  # the job's own output, on stdout
     # Each worker node's processes report progress to their own node's exporter.
-    assert f"progress urls ['http://127.0.0.1:{progress_port + 2}', 'http://127.0.0.1:{progress_port + 4}']" \
-        in result.stdout
-    assert "worker nodes 2" in result.stdout
+    assert (f"progress urls [('workers-1', 'http://127.0.0.1:{progress_port + 2}'), "
+            f"('workers-2', 'http://127.0.0.1:{progress_port + 4}')]") in result.stdout
     assert "attempt 1 of run squares-1" in result.stdout
     assert "run squares-1 SUCCEEDED after 1 attempt (exit 0)" in result.stderr
     assert "cluster squares-1 torn down" in result.stderr

@@ -134,6 +134,7 @@ RETRIED_JOB = ("echo traceparent=$TRACEPARENT && python -c \"import json, os; pr
                "&& sleep 1 && test $RAYPULSE_ATTEMPT = 2")
 
 
+@pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_a_retried_run_is_one_trace_with_its_attempts(tmp_path: Path):
     receiver = OtlpReceiver().start()
@@ -184,6 +185,7 @@ def test_a_retried_run_is_one_trace_with_its_attempts(tmp_path: Path):
     assert {line.get("trace_id") for line in lines} == {trace_id}
 
 
+@pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_a_hanging_endpoint_leaves_the_job_alone(tmp_path: Path):
     receiver = OtlpReceiver(mode="hang").start()

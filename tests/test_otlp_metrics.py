@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import OtlpSettings
 from tests.conftest import wait_until
 from tests.otlp_receiver import OtlpReceiver
+
+pytestmark = pytest.mark.slow  # real servers for several seconds each: left out of `make test-quick`
 
 FAST_PUSH = {"RAYPULSE_EXPORTER_OTLP__INTERVAL_SECONDS": "1", "RAYPULSE_EXPORTER_OTLP__TIMEOUT_SECONDS": "1"}
 

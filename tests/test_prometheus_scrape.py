@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
+from alerts.prometheus import config, render
 from tests.conftest import wait_until
+
+pytestmark = pytest.mark.slow  # real servers for several seconds each: left out of `make test-quick`
 
 
 def test_prometheus_scrapes_the_exporter_and_queries_node_series(start_exporter, start_prometheus):
     exporter = start_exporter()
-    prometheus = start_prometheus(f"""
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: raypulse
-    static_configs:
-      - targets: ["{exporter.url.removeprefix('http://')}"]
-""")
+    prometheus = start_prometheus(render(config(targets=[exporter.url.removeprefix("http://")],
+                                                scrape_interval="1s", rules=[])))
 
     def target():
         targets = prometheus.api("/api/v1/targets")["data"]["activeTargets"]

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from alerts.prometheus import config, render
 from tests.conftest import free_port, wait_until
 from tests.ray_testcluster import start_cluster, start_exporter, start_prometheus, stop_process
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 FAST = {"RAYPULSE_EXPORTER_COLLECTORS__RAY__INTERVAL_SECONDS": "1",
         "RAYPULSE_EXPORTER_COLLECTORS__RAY_HEAD__INTERVAL_SECONDS": "1",
@@ -51,15 +52,8 @@ def setup():
                                   env={**cluster.env(), **FAST})
         started.append(exporter.process)
         (base / "prometheus").mkdir()
-        process, prometheus = start_prometheus(base / "prometheus", f"""
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: raypulse
-    static_configs:
-      - targets: ["{exporter.url.removeprefix('http://')}"]
-""")
+        process, prometheus = start_prometheus(base / "prometheus", render(config(
+            targets=[exporter.url.removeprefix("http://")], scrape_interval="1s", rules=[])))
         started.append(process)
         yield cluster, exporter, prometheus, base
     finally:

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from ray.dashboard.utils import to_camel_case as rays_to_camel_case
 
-from exporter.collectors.ray import cluster, jobs, workload
-from exporter.collectors.ray.auth import ray_auth_token
+from exporter import wire
+from exporter.collectors.ray import cluster, job_workload, jobs
 from exporter.collectors.ray.localray import Raylet, parse_raylet, watched
-from exporter.collectors.ray.procs import Proc
+from exporter.collectors.ray.process_info import Proc
+from exporter.collectors.ray.process_owners import Identity, parse_node_view, title_identity
 from exporter.collectors.ray.sd import deployed_ports, target_groups
-from exporter.collectors.ray.workers import Identity, parse_node_view, title_identity
 from exporter.snapshot import SampleSink
 from tests.conftest import REPO
 
@@ -70,18 +70,6 @@ def test_an_exporter_watches_the_raylets_labelled_with_its_port_else_the_unlabel
     assert watched([other], 9477) == []
 
 
-def test_the_ray_token_is_found_where_ray_looks(tmp_path):
-    (tmp_path / ".ray").mkdir()
-    (tmp_path / ".ray" / "auth_token").write_text("from-home\n")
-    (tmp_path / "token").write_text("  from-path\n")
-    assert ray_auth_token({"RAY_AUTH_TOKEN": "from-env", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "token")},
-                          tmp_path) == "from-env"
-    assert ray_auth_token({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "token")}, tmp_path) == "from-path"
-    assert ray_auth_token({}, tmp_path) == "from-home"
-    assert ray_auth_token({"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "x"}, tmp_path) is None
-    assert ray_auth_token({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")}, tmp_path) is None
-
-
 # -- jobs ---------------------------------------------------------------------------------------
 
 def recorded_jobs() -> dict[str, jobs.Job]:
@@ -95,12 +83,13 @@ def test_jobs_carry_the_launchers_metadata_and_plain_jobs_are_kept():
     failed = found["run-a-1"]
     assert (failed.job_id, failed.status, failed.error_type, failed.driver_exit_code) == \
         ("02000000", "FAILED", "JOB_ENTRYPOINT_COMMAND_ERROR", 1)
-    assert (failed.meta("job_name"), failed.meta("run_id"), failed.meta_int("attempt"), failed.meta("user")) == \
+    assert (failed.meta(wire.META_JOB_NAME), failed.meta(wire.META_RUN_ID), failed.meta_int(wire.META_ATTEMPT),
+            failed.meta(wire.META_USER)) == \
         ("demo", "run-a", 1, "alice")
     assert failed.user_labels() == [("team", "ml")]
     assert failed.end_time > failed.submit_time > 1.7e9  # seconds, not Ray's milliseconds
     plain = found["plain-1"]  # never called ray.init: no Ray job id, still a job
-    assert (plain.job_id, plain.submission_id, plain.meta("job_name"), plain.meta_int("attempt")) == \
+    assert (plain.job_id, plain.submission_id, plain.meta(wire.META_JOB_NAME), plain.meta_int(wire.META_ATTEMPT)) == \
         ("", "plain-1", "", None)
 
 
@@ -166,12 +155,12 @@ def test_the_driver_log_is_found_in_the_session_of_this_host(tmp_path):
 # -- workload of a job --------------------------------------------------------------------------
 
 def test_actor_deaths_are_classified_by_cause():
-    assert workload.death_reason({"actor_died_error_context": {"reason": "NODE_DIED", "error_message": "..."}}) == \
+    assert job_workload.death_reason({"actor_died_error_context": {"reason": "NODE_DIED", "error_message": "..."}}) == \
         "NODE_DIED"
-    assert workload.death_reason({"oom_context": {"error_message": "killed"}}) == "OUT_OF_MEMORY"
-    assert workload.death_reason({"creation_task_failure_context": {}}) == "CREATION_TASK_ERROR"
-    assert workload.death_reason({"actor_died_error_context": {"reason": "free text!"}}) == "UNKNOWN"
-    assert workload.death_reason(None) == "UNKNOWN"
+    assert job_workload.death_reason({"oom_context": {"error_message": "killed"}}) == "OUT_OF_MEMORY"
+    assert job_workload.death_reason({"creation_task_failure_context": {}}) == "CREATION_TASK_ERROR"
+    assert job_workload.death_reason({"actor_died_error_context": {"reason": "free text!"}}) == "UNKNOWN"
+    assert job_workload.death_reason(None) == "UNKNOWN"
 
 
 def test_the_recorded_task_failures_are_infrastructure_and_user_errors_by_type():
@@ -281,8 +270,8 @@ def test_ray_series_never_carry_the_labels_sd_puts_on_targets():
 
 
 def test_the_exporter_never_imports_ray():
-    code = ("import sys\nfrom exporter.server import enabled_collectors\nfrom exporter.config import load_config\n"
-            "enabled_collectors(load_config({}, environ={}))\nimport exporter.progress\n"
+    code = ("import sys\nfrom exporter.server import Exporter\nfrom exporter.config import load_config\n"
+            "Exporter(load_config({}, environ={}))\nimport exporter.progress\n"
             "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stderr
@@ -303,7 +292,7 @@ class JobsApi:
 
 
 async def test_the_job_directory_asks_at_once_for_a_new_id_then_backs_off():
-    from exporter.collectors.ray.jobdir import JobDirectory
+    from exporter.collectors.ray.job_ids import JobDirectory
 
     now = [0.0]
     directory, api = JobDirectory(clock=lambda: now[0]), JobsApi()
@@ -325,7 +314,7 @@ async def test_the_job_directory_asks_at_once_for_a_new_id_then_backs_off():
 
 
 def test_process_cpu_counters_keep_what_exited_processes_used_and_end_with_the_group():
-    from exporter.collectors.ray.processes import CPU, PROCESSES, RayProcessesCollector
+    from exporter.collectors.ray.process_collector import CPU, PROCESSES, RayProcessesCollector
     from exporter.config import load_config
 
     collector = RayProcessesCollector(load_config({}, environ={}))

@@ -109,7 +109,7 @@ tls_server_config:
 MALFORMED = {
     "plain password": ("basic_auth_users:\n  alice: hunter2\n", "basic_auth_users: user 'alice': the password "
                        "must be a bcrypt hash"),
-    "missing key file": ("tls_server_config:\n  cert_file: server.crt\n", "tls_server_config.key_file: Field "
+    "missing key file": ("tls_server_config:\n  cert_file: server.crt\n", "tls_server_config.key_file: "
                          "required"),
     "unknown client auth": ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: Sometimes\n",
                             "tls_server_config.client_auth_type"),

@@ -7,6 +7,7 @@ import psutil
 from exporter.catalog import counter, gauge
 from exporter.collector import BlockingCollector, register
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "self"
@@ -26,8 +27,8 @@ class SelfCollector(BlockingCollector):
     description = "The exporter process's own CPU, memory, threads and open files."
     default_interval = 15.0
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self._process = psutil.Process()
 
     def collect(self, out: SampleSink) -> None:

@@ -18,7 +18,9 @@ from typing import Any
 
 import click
 
-CONTROL_ENV = "RAYPULSE_EXPORTER_GPU__CONTROL_FILE"
+from exporter import wire
+
+CONTROL_ENV = wire.ENV_GPU_CONTROL_FILE
 _CLEARABLE = ("lost", "thermal-throttle", "power-brake", "row-remap-pending", "row-remap-failed", "nvlink-down",
               "recovery-action", "hang", "not-supported", "errors", "load", "mig", "processes", "init-error")
 

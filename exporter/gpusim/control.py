@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import pynvml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator
+
+from exporter import strict
+from exporter.strict import Strict
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +56,7 @@ def _check_calls(names: list[str]) -> list[str]:
     return names
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Process(_Model):
+class Process(Strict):
     """A process the simulated GPU reports as running on it (a Ray worker's real pid, say)."""
 
     pid: int = Field(gt=0)
@@ -67,7 +66,7 @@ class Process(_Model):
     name: str = Field("python", min_length=1, max_length=64)
 
 
-class Event(_Model):
+class Event(Strict):
     seq: int = Field(ge=1)
     type: Literal["xid", "single_bit_ecc", "double_bit_ecc", "gpu_unavailable", "recovery_action"]
     data: int = Field(0, ge=0, description="The XID code for type xid, the recovery action for recovery_action.")
@@ -78,7 +77,7 @@ CallNames = Annotated[list[str], AfterValidator(_check_calls)]  # NVML calls (or
 CallErrors = Annotated[dict[str, str], AfterValidator(_check_errors)]  # {call: NVML error name}
 
 
-class GpuControl(_Model):
+class GpuControl(Strict):
     """One GPU: its load and its faults."""
 
     load: Ratio | None = Field(None, description="Target utilization; default: the top-level load or the built-in "
@@ -117,7 +116,7 @@ class GpuControl(_Model):
         return events
 
 
-class Control(_Model):
+class Control(Strict):
     """The whole control file."""
 
     version: Literal[1] = VERSION
@@ -172,8 +171,7 @@ def _validate(data: object, source: str) -> Control:
 
 def _problems(exc: ValidationError) -> str:
     """`field.path: message` for each problem, as the config file's errors read."""
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<top level>'}: "
-                     f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+    return "; ".join(str(problem) for problem in strict.problems(exc))
 
 
 def read(path: Path) -> Control:

@@ -7,17 +7,17 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
 
 import click
 
-from launcher import audit
-from launcher.deploy import promconfig, remote
+from alerts import prometheus
+from exporter import wire
+from launcher.deploy import remote
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
+from launcher.failing import fail
 from launcher.jobs import JobsClient, read_token
-
-DEFAULT_PORT = 9477  # the exporter's own default; its progress endpoint takes port + 1
+from launcher.journal import Journal
 
 
 def _target(func: Callable) -> Callable:
@@ -26,17 +26,11 @@ def _target(func: Callable) -> Callable:
     return click.option("--address", required=True, metavar="URL", help="The Ray dashboard, http://head:8265.")(func)
 
 
-def _fail(action: str, message: str, code: ExitCode, **details: Any) -> NoReturn:
-    click.echo(f"launcher: {message}", err=True)
-    audit.record(action, "bad input" if code == ExitCode.BAD_INPUT else "error", error=message, **details)
-    sys.exit(int(code))
-
-
 def _client(action: str, address: str, token_path: Path | None) -> JobsClient:
     try:
         return JobsClient(address, read_token(token_path))
     except BadInput as exc:
-        _fail(action, str(exc), ExitCode.BAD_INPUT, address=address)
+        fail(action, str(exc), ExitCode.BAD_INPUT, address=address)
 
 
 @click.group(name="exporters")
@@ -46,7 +40,7 @@ def exporters_group() -> None:
 
 @exporters_group.command()
 @_target
-@click.option("--port", type=click.IntRange(1, 65534), default=DEFAULT_PORT, show_default=True,
+@click.option("--port", type=click.IntRange(1, 65534), default=wire.EXPORTER_PORT, show_default=True,
               help="Each node's exporter port (progress on port+1); nodes sharing an IP take port+2k.")
 @click.option("--cluster", "cluster_name", default="ray", show_default=True, help="The `cluster` label of /sd.")
 @click.option("--simulate-gpus", type=click.IntRange(min=0), default=0, help="Simulated GPUs per node (demos).")
@@ -70,15 +64,15 @@ def deploy(address: str, token_path: Path | None, port: int, cluster_name: str, 
     try:
         run = remote.run_agent(client, ["deploy", json.dumps(config, sort_keys=True)], pip)
     except InfraError as exc:
-        _fail("exporters.deploy", str(exc), ExitCode.INFRA_ERROR, address=address)
+        fail("exporters.deploy", str(exc), ExitCode.INFRA_ERROR, address=address)
     if run.result is None:
-        _fail("exporters.deploy", f"the deploy job {run.submission_id} ended {run.status} without a result "
+        fail("exporters.deploy", f"the deploy job {run.submission_id} ended {run.status} without a result "
               f"(can the cluster import the exporter package?); its log ends:\n{run.logs[-3000:]}",
               ExitCode.INFRA_ERROR, address=address)
     if output == "json":
         click.echo(json.dumps(run.result, indent=2))
     if "error" in run.result:
-        _fail("exporters.deploy", run.result["error"], ExitCode.BAD_INPUT, address=address)
+        fail("exporters.deploy", run.result["error"], ExitCode.BAD_INPUT, address=address)
     nodes = run.result["nodes"]
     failed = [node for node in nodes if not node["ok"]]
     if output == "text":
@@ -87,8 +81,8 @@ def deploy(address: str, token_path: Path | None, port: int, cluster_name: str, 
             state = "up" if node["ok"] else "FAILED"
             click.echo(f"{node['node_id'][:16]}  {node['role']:<6} {node.get('url', '-'):<28} "
                        f"{state:<6} {change}")
-    audit.record("exporters.deploy", "error" if failed else "ok", address=address, nodes=len(nodes),
-                 failed=[node["node_id"] for node in failed])
+    Journal().emit("exporters.deployed", address=address, nodes=len(nodes),
+                   failed=[node["node_id"] for node in failed])
     for node in failed:
         tail = (node.get("stderr_tail") or "").strip()
         click.echo(f"launcher: node {node['node_id']} ({node['host']}): {node['error']}"
@@ -108,7 +102,7 @@ def status(address: str, token_path: Path | None, output: str) -> None:
     try:
         report = remote.exporters_status(client)
     except InfraError as exc:
-        _fail("exporters.status", str(exc), ExitCode.INFRA_ERROR, address=address)
+        fail("exporters.status", str(exc), ExitCode.INFRA_ERROR, address=address)
     if output == "json":
         click.echo(json.dumps(report, indent=2))
     else:
@@ -128,12 +122,12 @@ def remove(address: str, token_path: Path | None) -> None:
     try:
         run = remote.run_agent(client, ["remove"])
     except InfraError as exc:
-        _fail("exporters.remove", str(exc), ExitCode.INFRA_ERROR, address=address)
+        fail("exporters.remove", str(exc), ExitCode.INFRA_ERROR, address=address)
     if run.result is None or run.result.get("left"):
-        _fail("exporters.remove", f"the remove job {run.submission_id} ended {run.status}; still there: "
+        fail("exporters.remove", f"the remove job {run.submission_id} ended {run.status}; still there: "
               f"{(run.result or {}).get('left', '?')}; its log ends:\n{run.logs[-3000:]}", ExitCode.INFRA_ERROR,
               address=address)
-    audit.record("exporters.remove", "ok", address=address, removed=run.result["removed"])
+    Journal().emit("exporters.removed", address=address, removed=run.result["removed"])
     click.echo(f"launcher: removed {len(run.result['removed'])} actors (and their exporters)", err=True)
 
 
@@ -150,10 +144,12 @@ def prometheus_config(address: str, token_path: Path | None, scrape_interval: st
     try:
         report = remote.exporters_status(client)
     except InfraError as exc:
-        _fail("prometheus-config", str(exc), ExitCode.INFRA_ERROR, address=address)
+        fail("prometheus-config", str(exc), ExitCode.INFRA_ERROR, address=address)
     head = next((row for row in report["nodes"] if row["role"] == "head" and row["exporter_url"]), None)
     if head is None:
-        _fail("prometheus-config", f"no exporter is deployed on the head node of {address}; run `launcher "
+        fail("prometheus-config", f"no exporter is deployed on the head node of {address}; run `launcher "
               "exporters deploy` first", ExitCode.BAD_INPUT, address=address)
-    click.echo(promconfig.render(head["exporter_url"] + "/sd", scrape_interval, sd_refresh_interval,
-                                 alertmanager), nl=False)
+    click.echo(prometheus.render(prometheus.config(sd_url=head["exporter_url"] + wire.SD_PATH,
+                                                   scrape_interval=scrape_interval,
+                                                   sd_refresh_interval=sd_refresh_interval,
+                                                   alertmanager=alertmanager)), nl=False)

@@ -15,18 +15,18 @@ import re
 import secrets
 import shlex
 import time
-import urllib.error
-import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import exporter
+from exporter import wire
 from launcher.deploy import raypulse_agent
-from launcher.deploy.raypulse_agent import NAMESPACE, RESULT_MARKER, SUPERVISOR, parse_node_actor_name
 from launcher.errors import InfraError
 from launcher.jobs import TERMINAL, JobsClient
+from launcher.raydash import Filter
 
 AGENT_DIR = Path(raypulse_agent.__file__).parent
 EXPORTER_DIR = Path(exporter.__file__).parent
@@ -42,7 +42,7 @@ class AgentRun:
 
 
 # What `exporter serve` imports that `ray[default]` does not install (Ray brings aiohttp, pydantic,
-# prometheus-client, pyyaml, click, opentelemetry-sdk). tests/test_deploy_requirements.py keeps
+# prometheus-client, pyyaml, click, opentelemetry-sdk). tests/test_launcher_deploy_requirements.py keeps
 # this list complete against what the exporter really imports.
 NOT_WITH_RAY = ("pydantic-settings", "bcrypt", "psutil", "nvidia-ml-py")
 
@@ -66,7 +66,7 @@ def run_agent(client: JobsClient, args: list[str], pip: tuple[str, ...] = (), ti
     logging.getLogger("ray.dashboard.modules.dashboard_sdk").setLevel(logging.WARNING)
     submission_id = f"raypulse-exporters-{args[0]}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     client.submit(submission_id, "python -m raypulse_agent " + shlex.join(args), runtime_env(pip),
-                  {"raypulse.io/tool": "exporters", "raypulse.io/action": args[0]})
+                  {wire.META_TOOL: "exporters", wire.META_TOOL_ACTION: args[0]})
     deadline = time.monotonic() + timeout
     while True:
         details = client.details(submission_id)
@@ -82,34 +82,22 @@ def run_agent(client: JobsClient, args: list[str], pip: tuple[str, ...] = (), ti
     logs = client.logs(submission_id)
     result = None
     for line in logs.splitlines():
-        if line.startswith(RESULT_MARKER):
-            result = json.loads(line.removeprefix(RESULT_MARKER))
+        if line.startswith(wire.DEPLOY_RESULT_MARKER):
+            result = json.loads(line.removeprefix(wire.DEPLOY_RESULT_MARKER))
     if result is None and details is not None and getattr(details, "message", None):
         logs += f"\n{details.message}"
     return AgentRun(submission_id, status, result, logs)
 
 
-def _get(client: JobsClient, url: str, timeout: float = 10) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers=client.headers)
+def state_list(client: JobsClient, resource: str, filters: Sequence[Filter] = ()) -> list[dict[str, Any]]:
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-
-
-def state_list(client: JobsClient, resource: str, filters: list[tuple[str, str, str]] = ()) -> list[dict[str, Any]]:
-    params = [("limit", "10000"), ("detail", "1")]
-    for key, predicate, value in filters:
-        params += [("filter_keys", key), ("filter_predicates", predicate), ("filter_values", value)]
-    status, body = _get(client, f"{client.address}/api/v0/{resource}?{urllib.parse.urlencode(params)}")
-    if status != 200:
-        raise InfraError(f"the Ray State API ({resource}) answered HTTP {status}: {body[:200]!r}")
-    return json.loads(body)["data"]["result"]["result"]
+        return client.dashboard.state_list(resource, filters)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # DashboardHttpError is an OSError
+        raise InfraError(f"the Ray State API ({resource}) failed: {exc}") from None
 
 
 def deployed_actors(client: JobsClient) -> list[dict[str, Any]]:
-    return state_list(client, "actors", [("ray_namespace", "=", NAMESPACE), ("state", "=", "ALIVE")])
+    return state_list(client, "actors", [("ray_namespace", "=", wire.DEPLOY_NAMESPACE), ("state", "=", "ALIVE")])
 
 
 def probe(url: str, timeout: float = 5) -> tuple[bool, str | None]:
@@ -127,7 +115,7 @@ def exporters_status(client: JobsClient) -> dict[str, Any]:
     """Every alive node with its deployed exporter (or none), and whether it answers."""
     nodes = [n for n in state_list(client, "nodes") if n.get("state") == "ALIVE"]
     actors = deployed_actors(client)
-    ports = {parsed[0]: parsed[1] for a in actors if (parsed := parse_node_actor_name(a.get("name") or ""))}
+    ports = {parsed[0]: parsed[1] for a in actors if (parsed := wire.parse_node_actor_name(a.get("name") or ""))}
     rows = []
     for node in sorted(nodes, key=lambda n: (not n.get("is_head_node"), n["node_id"])):
         ip, port = node.get("node_ip", ""), ports.get(node["node_id"])
@@ -135,5 +123,5 @@ def exporters_status(client: JobsClient) -> dict[str, Any]:
         up, version = probe(url) if url else (False, None)
         rows.append({"node_id": node["node_id"], "address": ip, "role": "head" if node.get("is_head_node") else
                      "worker", "exporter_url": url, "up": up, "version": version})
-    return {"supervisor": any(a.get("name") == SUPERVISOR for a in actors), "nodes": rows,
+    return {"supervisor": any(a.get("name") == wire.DEPLOY_SUPERVISOR for a in actors), "nodes": rows,
             "complete": bool(rows) and all(row["up"] for row in rows)}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
@@ -41,9 +41,7 @@ from exporter.collectors.gpu import (
     utilization,
 )
 from exporter.collectors.gpu.device import GpuDevice
-from exporter.collectors.gpu.events import WatchedGpu, WatcherState, XidWatcher
 from exporter.collectors.gpu.families import COLLECTOR
-from exporter.collectors.gpu.processes import GpuProcessUsage
 from exporter.collectors.gpu.reader import (
     DOWN,
     LOST,
@@ -55,15 +53,14 @@ from exporter.collectors.gpu.reader import (
     read_fields,
 )
 from exporter.collectors.gpu.session import NvmlSession
+from exporter.collectors.gpu.xid_watcher import WatchedGpu, XidWatcher
 from exporter.config import ExporterConfig
+from exporter.shared import NO_PROCESSES, GpuProcessUsage, Shared
 from exporter.snapshot import SampleSink
 
 # Static reads go in this order: gpm and processes use what nvlink's static read found.
 AREAS = (inventory.AREA, utilization.AREA, memory.AREA, clocks.AREA, thermal.AREA, power.AREA, pcie.AREA,
          nvlink.AREA, gpm.AREA, ecc.AREA, mig.AREA, processes.AREA)
-
-ProcessTable = Mapping[int, tuple[GpuProcessUsage, ...]]
-
 
 def nvml_module(config: ExporterConfig) -> Any:
     """The NVML the configuration asks for: the real pynvml, or simulated GPUs."""
@@ -88,9 +85,9 @@ class GpuCollector(BlockingCollector):
                    "per-process use (simulated GPUs with --simulate-gpus N).")
     default_interval = 5.0
 
-    def __init__(self, config: ExporterConfig, nvml: Any = None, clock: Callable[[], float] = time.monotonic,
-                 event_wait_ms: int = 1000) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None, *, nvml: Any = None,
+                 clock: Callable[[], float] = time.monotonic, event_wait_ms: int = 1000) -> None:
+        super().__init__(config, shared)
         self.settings = config.gpu
         self.nvml = nvml if nvml is not None else nvml_module(config)
         self.simulated = bool(getattr(self.nvml, "SIMULATED", False))
@@ -100,28 +97,18 @@ class GpuCollector(BlockingCollector):
         self._devices: dict[str, GpuDevice] = {}
         self._count: int | None = None
         self._static_due = -float("inf")
+        # The XID watcher uses this collector's NVML; its counts are published through the gpu_events
+        # collector, which reads them even while a run of this one hangs.
         self._watcher = XidWatcher(self.nvml, wait_ms=event_wait_ms)
-        self._process_usage: ProcessTable = MappingProxyType({})
-
-    # -- what other collectors read ---------------------------------------------------------------
-
-    def process_usage(self) -> ProcessTable:
-        """pid -> that process's use of each GPU it runs on, as of the last successful run.
-
-        Empty before the first run and while NVML is down. The mapping, its tuples and the
-        GpuProcessUsage entries are immutable, and the whole table is replaced at once at the end
-        of a run, so any thread may read it at any time without a lock."""
-        return self._process_usage
-
-    def event_state(self) -> WatcherState:
-        """What the XID watcher has counted (read by the gpu_events collector)."""
-        return self._watcher.state()
+        self.shared.gpu_events.publish(self._watcher.state)
+        # pid -> its use of each GPU, replaced whole at the end of each run (empty while NVML is down).
+        self.shared.gpu_processes.publish(NO_PROCESSES)
 
     # -- a run ------------------------------------------------------------------------------------
 
     def collect(self, out: SampleSink) -> None:
         if not self._session.ensure():
-            self._process_usage = MappingProxyType({})
+            self.shared.gpu_processes.publish(NO_PROCESSES)
         else:
             try:
                 self._collect(out)
@@ -152,7 +139,7 @@ class GpuCollector(BlockingCollector):
                     table.setdefault(usage.pid, []).append(usage)
             self._emit_identity(device, out)  # after the first read of a new GPU, which learns it
             out.add(inventory.UP, not device.lost, **device.labels)
-        self._process_usage = MappingProxyType({pid: tuple(uses) for pid, uses in table.items()})
+        self.shared.gpu_processes.publish(MappingProxyType({pid: tuple(uses) for pid, uses in table.items()}))
 
     def _device_count(self) -> int:
         try:
@@ -235,7 +222,7 @@ class GpuCollector(BlockingCollector):
     def _nvml_down(self, reason: str) -> None:
         stopped = self._watcher.stop()
         self._session.down(reason, shutdown=stopped)
-        self._process_usage = MappingProxyType({})
+        self.shared.gpu_processes.publish(NO_PROCESSES)
         for device in self._devices.values():
             device.counters.resync()  # a driver reload restarts every counter
             device.gpm_samples.clear()  # samples of the old NVML session are gone with it

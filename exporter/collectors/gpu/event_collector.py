@@ -38,9 +38,8 @@ class GpuEventsCollector(AsyncCollector):
     default_interval = 5.0
 
     async def collect(self, out: SampleSink) -> None:
-        gpu = self.peers.get("gpu")
-        event_state = getattr(gpu, "event_state", None)
-        state = event_state() if event_state is not None else None
+        read = self.shared.gpu_events.get()  # published by the gpu collector, which owns the watcher
+        state = read() if read is not None else None
         out.add(WATCHER_UP, state is not None and state.up)
         if state is None:
             return

@@ -1,5 +1,5 @@
 """Processes using each GPU: memory and utilization per process, and the table the Ray collector
-reads to attribute GPU use to Ray jobs (`GpuCollector.process_usage()`).
+reads to attribute GPU use to Ray jobs (published in `Shared.gpu_processes`).
 
 NVML reports host PIDs: in a container the exporter needs the host PID namespace (hostPID /
 --pid=host) for these to match anything.
@@ -8,33 +8,16 @@ NVML reports host PIDs: in a container the exporter needs the host PID namespace
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from exporter.collectors.gpu.families import gpu_gauge, gpu_info
 from exporter.collectors.gpu.reader import Area, DeviceReader
+from exporter.shared import GpuProcessUsage
 
 _MAX_NAME = 64
 _WITH_PROCESSES = "while a process uses the GPU"
 _NO_MIG_UTILIZATION = "while a process uses the GPU; not with MIG enabled"
 _NO_INSTANCE = 0xFFFFFFFF
-
-
-@dataclass(frozen=True)
-class GpuProcessUsage:
-    """One process's use of one GPU, as of the collector's last successful run.
-
-    Ratios are 0..1 over NVML's last sample period; None where NVML cannot tell (per-process
-    utilization is not supported with MIG; memory is not available under WDDM)."""
-
-    pid: int
-    gpu: int  # NVML index
-    uuid: str  # the GPU's UUID (the parent GPU's for a MIG instance)
-    used_memory_bytes: int | None
-    sm_utilization: float | None
-    memory_bandwidth_utilization: float | None
-    process_name: str  # the executable's base name as NVML reports it, at most 64 characters
-    gpu_instance_id: int | None = None  # the MIG GPU instance, if any
 
 
 PROCESSES = gpu_gauge("processes", "Processes using the GPU (compute and graphics).")

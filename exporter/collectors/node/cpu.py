@@ -8,6 +8,7 @@ from exporter.catalog import counter, gauge
 from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_text
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "cpu"
@@ -40,8 +41,8 @@ class CpuCollector(BlockingCollector):
     name = NAME
     description = "CPU time by mode, load average, context switches, forks (/proc/stat, /proc/loadavg)."
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self._procfs = config.node.procfs
         self._ticks = os.sysconf("SC_CLK_TCK")
 

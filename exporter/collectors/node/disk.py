@@ -8,6 +8,7 @@ from exporter.catalog import counter, gauge
 from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_text
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "disk"
@@ -44,8 +45,8 @@ class DiskCollector(BlockingCollector):
     name = NAME
     description = "Block device reads, writes, bytes, busy time and queue depth (/proc/diskstats)."
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self._path = config.node.procfs / "diskstats"
         self._exclude = re.compile(config.node.disk_exclude_devices)
 

@@ -22,6 +22,7 @@ from exporter.catalog import gauge, info
 from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_text
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "filesystem"
@@ -124,8 +125,8 @@ class FilesystemCollector(BlockingCollector):
                    "checkpoint, Ray temp and object store paths (/proc/1/mounts, statvfs).")
     default_interval = 15.0
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         node = config.node
         self._procfs = node.procfs
         self._rootfs = node.rootfs

@@ -9,6 +9,7 @@ from exporter.catalog import gauge, info
 from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_text
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "host"
@@ -33,8 +34,8 @@ class HostCollector(BlockingCollector):
     description = "Node identity (name, kernel, OS, architecture) and boot time."
     default_interval = 60.0
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self._procfs = config.node.procfs
         self._rootfs = config.node.rootfs
         self._node_name = config.node.name

@@ -13,6 +13,7 @@ from exporter.catalog import counter, gauge, info
 from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_int, read_text
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "infiniband"
@@ -85,8 +86,8 @@ class InfinibandCollector(BlockingCollector):
     name = NAME
     description = "InfiniBand/RoCE port state, rate, traffic and error counters (/sys/class/infiniband)."
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self._root = config.node.sysfs / "class" / "infiniband"
 
     def collect(self, out: SampleSink) -> None:

@@ -6,6 +6,7 @@ from exporter.catalog import gauge
 from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_key_values
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "memory"
@@ -49,8 +50,8 @@ class MemoryCollector(BlockingCollector):
     name = NAME
     description = "Memory, swap and huge pages (/proc/meminfo)."
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self._path = config.node.procfs / "meminfo"
 
     def collect(self, out: SampleSink) -> None:

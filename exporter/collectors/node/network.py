@@ -8,6 +8,7 @@ from exporter.catalog import counter, gauge, info
 from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_int, read_text
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "network"
@@ -45,8 +46,8 @@ class NetworkCollector(BlockingCollector):
     name = NAME
     description = "Network interface traffic, errors, drops and link state (/proc/net/dev, /sys/class/net)."
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self._dev = config.node.procfs / "net" / "dev"
         self._class_net = config.node.sysfs / "class" / "net"
         self._exclude = re.compile(config.node.network_exclude_interfaces)

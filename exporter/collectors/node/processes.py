@@ -8,6 +8,7 @@ from exporter.catalog import gauge
 from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_int, read_text
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "processes"
@@ -28,8 +29,8 @@ class ProcessesCollector(BlockingCollector):
     description = "Processes, threads and open file handles against their kernel limits (/proc)."
     default_interval = 15.0
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self._procfs = config.node.procfs
 
     def collect(self, out: SampleSink) -> None:

@@ -12,6 +12,7 @@ from exporter.catalog import counter, gauge
 from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_table_rows, read_text
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "tcp"
@@ -63,8 +64,8 @@ class TcpCollector(BlockingCollector):
                    "(/proc/net/{snmp,netstat,sockstat,tcp,tcp6}).")
     default_interval = 15.0
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self._net = config.node.procfs / "net"
 
     def collect(self, out: SampleSink) -> None:

@@ -8,6 +8,7 @@ from exporter.catalog import counter
 from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_key_values
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "vmstat"
@@ -40,8 +41,8 @@ class VmstatCollector(BlockingCollector):
     name = NAME
     description = "Page faults, paging, swapping and OOM kills (/proc/vmstat)."
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self._path = config.node.procfs / "vmstat"
 
     def collect(self, out: SampleSink) -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 from exporter.catalog import counter, gauge, info
 from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_text
-from exporter.collectors.node.pressure import PressureFamilies
 from exporter.collectors.pod.cgroup import CgroupLocation, CgroupStats, locate, read_stats
+from exporter.collectors.psi import PressureFamilies
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "pod"
@@ -91,8 +92,8 @@ class PodCollector(BlockingCollector):
     description = ("The pod/container cgroup: CPU use, throttling and limit, memory against its limit, OOM "
                    "kills, pids, I/O, pressure; pod identity (cgroup v1 and v2).")
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self._settings = config.pod
         self._procfs = config.node.procfs
         self._node_name = config.node.name

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from exporter.collectors.ray.auth import ray_auth_token
+from exporter import wire
 from exporter.collectors.ray.localray import LocalRay, Raylet
+
+log = logging.getLogger(__name__)
 
 ERROR_KINDS = ("unreachable", "timeout", "unauthorized", "http", "invalid")
 # The State API's own ceiling (RAY_MAX_LIMIT_FROM_API_SERVER); asking for more is an error.
@@ -121,6 +124,21 @@ class DashboardSession:
             raise DashboardError("invalid", f"/api/v0/{resource}/summarize: unexpected shape") from None
 
 
+_unreadable: set[str] = set()  # token files already warned about
+
+
+def ray_token() -> str | None:
+    """The Ray auth token where Ray looks for it (read on every session: a launcher may write it after
+    the exporter starts); a named file that cannot be read is warned about once and sends none."""
+    try:
+        return wire.ray_auth_token()
+    except wire.RayTokenUnreadable as exc:
+        if str(exc.path) not in _unreadable:
+            _unreadable.add(str(exc.path))
+            log.warning("%s", exc)
+        return None
+
+
 def connect(local: LocalRay, raylets: list[Raylet] | None = None) -> DashboardSession:
     """A session to the dashboard this node belongs to, with the Ray token if there is one."""
-    return DashboardSession(local.dashboard_url(raylets), local.settings.request_timeout_seconds, ray_auth_token())
+    return DashboardSession(local.dashboard_url(raylets), local.settings.request_timeout_seconds, ray_token())

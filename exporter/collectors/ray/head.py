@@ -1,5 +1,6 @@
 """The head role: jobs, nodes, resources, actors, tasks and placement groups of the whole Ray
-cluster from the dashboard, and `/sd` listing every node's exporter.
+cluster from the dashboard, and the target groups of every node's exporter, which the exporter
+serves at /sd (published in `Shared.service_discovery`).
 
 It runs on every exporter but does nothing unless this exporter's role is head (`--ray-role`,
 or auto: a watched raylet here is the head), so only one exporter per cluster asks the dashboard
@@ -10,22 +11,20 @@ go away at once instead of freezing, and come back on the first run after Ray re
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from aiohttp import web
 
 from exporter.collector import AsyncCollector, register
-from exporter.collectors.ray import cluster, jobs, workload
+from exporter.collectors.ray import cluster, job_workload, jobs
 from exporter.collectors.ray.dashboard import DashboardError, connect
 from exporter.collectors.ray.localray import LocalRay, Raylet, raylets_on_host
-from exporter.collectors.ray.procs import start_time
-from exporter.collectors.ray.sd import DEPLOY_NAMESPACE, deployed_ports, target_groups
+from exporter.collectors.ray.process_info import start_time
+from exporter.collectors.ray.sd import deployed_ports, target_groups
 from exporter.config import ExporterConfig
+from exporter.shared import ServiceDiscovery, Shared
 from exporter.snapshot import SampleSink
+from exporter.wire import DEPLOY_NAMESPACE
 
 NAME = jobs.NAME
 _RAY_DOWN = ("unreachable", "timeout")
@@ -38,23 +37,23 @@ class RayHeadCollector(AsyncCollector):
                    "actors, tasks and placement groups of the Ray cluster; only on the head node (dashboard "
                    "REST API).")
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self.local = LocalRay(config)
         self.settings = config.ray
         self.cluster = config.cluster or ""
         self.starts = jobs.StartTimes()
-        self.workloads = workload.WorkloadCache()
-        # The last node list, for /sd: while the dashboard is down the nodes' exporters still answer.
-        self.sd_groups: list[dict[str, Any]] = []
-
-    def routes(self) -> list[web.RouteDef]:
-        return [web.get("/sd", self._sd)]
+        self.workloads = job_workload.WorkloadCache()
+        # The last node list stays on /sd while the dashboard is down: the nodes' exporters still answer.
+        self._sd_groups: tuple[dict[str, object], ...] = ()
 
     async def collect(self, out: SampleSink) -> None:
         raylets = self.local.raylets()
-        if self.local.role(raylets) != "head":
+        role = self.local.role(raylets)
+        if role != "head":
+            self.shared.service_discovery.publish(ServiceDiscovery(role))
             return
+        self.shared.service_discovery.publish(ServiceDiscovery(role, self._sd_groups))
         now = time.time()
         async with connect(self.local, raylets) as api:
             try:
@@ -84,13 +83,14 @@ class RayHeadCollector(AsyncCollector):
         if self._usable(groups, out):
             cluster.emit_placement_groups(out, groups.items, now)
             pgs_by_job = cluster.placement_groups_by_job(groups.items)
-        workload.emit(out, exported, self.workloads, pgs_by_job)
+        job_workload.emit(out, exported, self.workloads, pgs_by_job)
         nodes: list[cluster.Node] = []
         if self._usable(nodes_reply, out):
             nodes = [n for n in map(cluster.parse_node, nodes_reply.items) if n is not None]
             cluster.emit_nodes(out, nodes, now, self.settings.finished_job_retention_seconds)
             ports = deployed_ports(deployed.items) if self._usable(deployed, out) else {}
-            self.sd_groups = target_groups(nodes, self.cluster, self.local.exporter_port, ports)
+            self._sd_groups = tuple(target_groups(nodes, self.cluster, self.local.exporter_port, ports))
+            self.shared.service_discovery.publish(ServiceDiscovery(role, self._sd_groups))
         if self._usable(status, out) and isinstance(status, dict):
             cluster.emit_resources(out, status.get("data") or {}, nodes)
         if self._usable(actors, out):
@@ -120,11 +120,3 @@ class RayHeadCollector(AsyncCollector):
     def _session_dirs(self, raylets: list[Raylet]) -> list[Path]:
         dirs = [r.session_dir for r in raylets if r.session_dir is not None]
         return dirs or [self.config.node.ray_temp_dir / "session_latest"]
-
-    async def _sd(self, request: web.Request) -> web.Response:
-        role = self.local.role()
-        if role != "head":
-            return web.Response(status=404, text=f"this exporter's Ray role is {role}; /sd is served by the "
-                                                 "exporter on the Ray head node\n")
-        return web.Response(text=json.dumps(self.sd_groups), content_type="application/json",
-                            headers={"Cache-Control": "no-store"})

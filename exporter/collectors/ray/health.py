@@ -15,6 +15,7 @@ from exporter.collector import AsyncCollector, register
 from exporter.collectors.ray.dashboard import ERROR_KINDS, DashboardError, connect
 from exporter.collectors.ray.localray import LocalRay
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "ray"
@@ -45,8 +46,8 @@ class RayHealthCollector(AsyncCollector):
     description = ("Whether the Ray dashboard and GCS answer, Ray's version, and the raylets on this host "
                    "(dashboard REST API, procfs).")
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self.local = LocalRay(config)
         self.cluster = config.cluster or ""
         self.errors = dict.fromkeys(ERROR_KINDS, 0)

@@ -14,14 +14,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter import wire
 from exporter.catalog import gauge, info
 from exporter.snapshot import SampleSink
 
 NAME = "ray_head"  # the head collector emits these families
 STATES = ("PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED")
 TERMINAL = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
-METADATA_PREFIX = "raypulse."
-LABEL_PREFIX = "raypulse.label."
 MAX_VALUE_LENGTH = 128
 MAX_USER_LABELS = 16
 _LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
@@ -111,15 +110,16 @@ class Job:
         return {"job_id": self.job_id, "submission_id": self.submission_id}
 
     def meta(self, key: str) -> str:
-        return self.metadata.get(METADATA_PREFIX + key, "")
+        """A metadata value by its wire key (wire.META_*), empty when absent."""
+        return self.metadata.get(key, "")
 
     def meta_int(self, key: str) -> int | None:
         value = self.meta(key)
         return int(value) if value.isdigit() else None
 
     def user_labels(self) -> list[tuple[str, str]]:
-        labels = [(k.removeprefix(LABEL_PREFIX), v) for k, v in sorted(self.metadata.items())
-                  if k.startswith(LABEL_PREFIX)]
+        labels = [(k.removeprefix(wire.META_LABEL_PREFIX), v) for k, v in sorted(self.metadata.items())
+                  if k.startswith(wire.META_LABEL_PREFIX)]
         return [(k, v) for k, v in labels if _LABEL_KEY_RE.match(k)][:MAX_USER_LABELS]
 
 
@@ -187,14 +187,15 @@ def emit(out: SampleSink, jobs: Iterable[Job], starts: StartTimes, session_dirs:
     session_dirs = list(session_dirs)
     for job in jobs:
         labels = job.labels
-        out.add_info(INFO, **labels, type=job.type, job_name=job.meta("job_name"), run_id=job.meta("run_id"),
-                     workspace=job.meta("workspace"), user=job.meta("user"))
+        out.add_info(INFO, **labels, type=job.type, job_name=job.meta(wire.META_JOB_NAME),
+                     run_id=job.meta(wire.META_RUN_ID), workspace=job.meta(wire.META_WORKSPACE),
+                     user=job.meta(wire.META_USER))
         for key, value in job.user_labels():
             out.add_info(LABEL_INFO, **labels, label_key=key, label_value=value)
         for state in STATES:
             out.add(STATE, state == job.status, **labels, state=state)
-        out.add(ATTEMPT, job.meta_int("attempt"), **labels)
-        out.add(MAX_ATTEMPTS, job.meta_int("max_attempts"), **labels)
+        out.add(ATTEMPT, job.meta_int(wire.META_ATTEMPT), **labels)
+        out.add(MAX_ATTEMPTS, job.meta_int(wire.META_MAX_ATTEMPTS), **labels)
         out.add(SUBMIT_TIME, job.submit_time, **labels)
         out.add(END_TIME, job.end_time, **labels)
         started = starts.get(job)

@@ -2,7 +2,7 @@
 exporter watches, whether one is the head, and where their dashboard and session live.
 
 Several raylets can share a host (the launcher's local backend, tests). Each node the launcher
-starts carries the Ray node label `raypulse.io/exporter-port=<port>`; an exporter watches the
+starts carries the Ray node label wire.NODE_LABEL_EXPORTER_PORT=<port>; an exporter watches the
 raylets labelled with its own port, else every unlabelled raylet (a cluster started by hand).
 """
 
@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.config import DEFAULT_PORT, ExporterConfig, parse_listen
+from exporter import wire
+from exporter.config import ExporterConfig, parse_listen
 
-EXPORTER_PORT_LABEL = "raypulse.io/exporter-port"
 DEFAULT_DASHBOARD = "http://127.0.0.1:8265"
 _WEBUI_RE = re.compile(r"--webui=(\S+)")
 _SCAN_TTL_SECONDS = 1.0  # the three Ray collectors run together; one procfs scan serves them all
@@ -36,7 +36,7 @@ class Raylet:
 
     @property
     def exporter_port(self) -> int | None:
-        value = self.labels.get(EXPORTER_PORT_LABEL, "")
+        value = self.labels.get(wire.NODE_LABEL_EXPORTER_PORT, "")
         return int(value) if value.isdigit() else None
 
 
@@ -107,7 +107,7 @@ class LocalRay:
         self.procfs = config.node.procfs
         self.settings = config.ray
         port = parse_listen(config.listen)[1]
-        self.exporter_port = port or DEFAULT_PORT
+        self.exporter_port = port or wire.EXPORTER_PORT
 
     def raylets(self) -> list[Raylet]:
         return watched(raylets_on_host(self.procfs), self.exporter_port)

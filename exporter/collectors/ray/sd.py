@@ -1,11 +1,12 @@
-"""`/sd` on the head exporter: Prometheus HTTP service discovery of every alive Ray node's exporter.
+"""The target groups the head exporter serves at /sd: Prometheus HTTP service discovery of every
+alive Ray node's exporter.
 
-Each node's exporter port comes from its Ray node label `raypulse.io/exporter-port` (the launcher
-sets it with `ray start --labels`); a node without it is assumed to use the head exporter's own
-port (a cluster started by hand, every exporter on the same port), unless `launcher exporters
-deploy` placed an exporter there: then the port its Ray actor is named with, `exporter-<node
-id>-<port>` in the namespace DEPLOY_NAMESPACE (node labels cannot change once a node runs, so the
-port travels in the actor name, which the State API lists over HTTP). One target group per node:
+Each node's exporter port comes from its Ray node label wire.NODE_LABEL_EXPORTER_PORT (the
+launcher sets it with `ray start --labels`); a node without it is assumed to use the head
+exporter's own port (a cluster started by hand, every exporter on the same port), unless
+`launcher exporters deploy` placed an exporter there: then the port its Ray actor is named with
+(wire.node_actor_name; node labels cannot change once a node runs, so the port travels in the
+actor name, which the State API lists over HTTP). One target group per node:
 
     [{"targets": ["10.0.0.5:9477"],
       "labels": {"cluster": "demo", "node": "10.0.0.5", "role": "worker", "ray_node_id": "ab12..."}}]
@@ -16,22 +17,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from exporter import wire
 from exporter.collectors.ray.cluster import Node
-from exporter.collectors.ray.localray import EXPORTER_PORT_LABEL
-
-# The same names as launcher/deploy/raypulse_agent (tests/test_launcher_deploy.py holds them equal).
-DEPLOY_NAMESPACE = "raypulse"
-DEPLOYED_ACTOR_PREFIX = "exporter-"
 
 
 def deployed_ports(actors: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Node id -> exporter port, from the alive actors of DEPLOY_NAMESPACE (State API rows)."""
+    """Node id -> exporter port, from the alive actors of wire.DEPLOY_NAMESPACE (State API rows)."""
     ports = {}
     for actor in actors:
-        name = str(actor.get("name") or "")
-        node_id, _, port = name.removeprefix(DEPLOYED_ACTOR_PREFIX).rpartition("-")
-        if name.startswith(DEPLOYED_ACTOR_PREFIX) and node_id and port.isdigit() and 0 < int(port) < 65536:
-            ports[node_id] = int(port)
+        parsed = wire.parse_node_actor_name(str(actor.get("name") or ""))
+        if parsed is not None:
+            ports[parsed[0]] = parsed[1]
     return ports
 
 
@@ -44,7 +40,7 @@ def target_groups(nodes: Iterable[Node], cluster: str, fallback_port: int,
     groups = []
     deployed = deployed or {}
     for node in sorted((n for n in nodes if n.alive and n.node_ip), key=lambda n: (not n.is_head, n.node_id)):
-        port_label = node.labels.get(EXPORTER_PORT_LABEL, "")
+        port_label = node.labels.get(wire.NODE_LABEL_EXPORTER_PORT, "")
         if port_label.isdigit() and 0 < int(port_label) < 65536:
             port = int(port_label)
         else:

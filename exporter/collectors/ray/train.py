@@ -1,7 +1,7 @@
 """What training code reports through `exporter.progress`, as `raypulse_train_*` by job and rank.
 
-The collector owns the progress endpoint (exporter/progress_server.py) and its store; each run
-turns the store into series. A report names its job by Ray job id, submission id or both
+The exporter's progress endpoint (exporter/progress_server.py) fills the store in `Shared.progress`;
+each run of this collector turns the store into series. A report names its job by Ray job id, submission id or both
 (whatever the reporting process knows); the other is looked up in the Jobs API so every series
 carries both, and reports of one rank under either name become one series set.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 from exporter.catalog import counter, gauge
 from exporter.collector import AsyncCollector, register
 from exporter.collectors.ray.dashboard import DashboardError, connect
-from exporter.collectors.ray.jobdir import JobDirectory
+from exporter.collectors.ray.job_ids import JobDirectory
 from exporter.collectors.ray.localray import LocalRay
 from exporter.config import ExporterConfig
-from exporter.progress_server import ProgressEndpoint
-from exporter.progress_store import FLOAT_FIELDS, REJECT_REASONS, ProgressStore, RankState
+from exporter.progress_store import FLOAT_FIELDS, REJECT_REASONS, RankState
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "train"
@@ -70,22 +70,15 @@ class TrainCollector(AsyncCollector):
     description = ("Training progress reported by the job itself through exporter.progress: step, samples, "
                    "tokens, loss, grad norm, learning rate, checkpoints, by job and rank (the progress endpoint).")
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
-        self.store = ProgressStore(config.progress)
-        self.endpoint = ProgressEndpoint(config.progress, self.store)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
+        self.store = self.shared.progress
         self.local = LocalRay(config)
         self.directory = JobDirectory()
 
-    async def start_serving(self) -> None:
-        await self.endpoint.start()
-
-    async def stop_serving(self) -> None:
-        await self.endpoint.stop()
-
     async def collect(self, out: SampleSink) -> None:
         self.store.expire()
-        out.add(ENDPOINT_UP, self.endpoint.listening)
+        out.add(ENDPOINT_UP, bool(self.shared.progress_endpoint_up.get()))
         out.add(JOBS, len(self.store.jobs))
         for reason in REJECT_REASONS:
             out.add(REJECTED, self.store.rejected[reason], reason=reason)

@@ -3,7 +3,7 @@
     python -m raypulse_agent deploy '<config JSON>'
     python -m raypulse_agent remove
 
-It prints one RESULT_MARKER line with a JSON result and exits 1 when a node has no working
+It prints one wire.DEPLOY_RESULT_MARKER line with a JSON result and exits 1 when a node has no working
 exporter (deploy) or something could not be removed.
 """
 
@@ -18,12 +18,13 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from . import NAMESPACE, RESULT_MARKER, SUPERVISOR, parse_node_actor_name
+from exporter import wire
+
 from .supervisor import Supervisor, _stop_and_kill, alive_nodes, is_head
 
 
 def _result(result: dict[str, Any], ok: bool) -> int:
-    print(RESULT_MARKER + json.dumps(result), flush=True)
+    print(wire.DEPLOY_RESULT_MARKER + json.dumps(result), flush=True)
     return 0 if ok else 1
 
 
@@ -32,11 +33,12 @@ def deploy(config: dict[str, Any], dashboard_url: str) -> int:
     head = next(node_id for node_id, node in alive_nodes().items() if is_head(node))
     existed = True
     try:
-        supervisor = ray.get_actor(SUPERVISOR, namespace=NAMESPACE)
+        supervisor = ray.get_actor(wire.DEPLOY_SUPERVISOR, namespace=wire.DEPLOY_NAMESPACE)
     except ValueError:
         existed = False
         supervisor = ray.remote(Supervisor).options(
-            name=SUPERVISOR, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
+            name=wire.DEPLOY_SUPERVISOR, namespace=wire.DEPLOY_NAMESPACE, lifetime="detached", get_if_exists=True,
+            num_cpus=0,
             max_concurrency=4,  # status calls are answered while a reconcile runs
             max_restarts=-1,  # a restarted supervisor adopts the node actors that still run
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=head, soft=False)).remote(config)
@@ -53,22 +55,23 @@ def deploy(config: dict[str, Any], dashboard_url: str) -> int:
 def remove() -> int:
     removed: list[str] = []
     with contextlib.suppress(ValueError):
-        supervisor = ray.get_actor(SUPERVISOR, namespace=NAMESPACE)
+        supervisor = ray.get_actor(wire.DEPLOY_SUPERVISOR, namespace=wire.DEPLOY_NAMESPACE)
         removed = ray.get(supervisor.shutdown.remote(), timeout=300)
         ray.kill(supervisor)
-        removed.append(SUPERVISOR)
+        removed.append(wire.DEPLOY_SUPERVISOR)
     # Node actors the supervisor did not know (a supervisor that died mid-placement).
     for entry in ray.util.list_named_actors(all_namespaces=True):
-        if entry["namespace"] == NAMESPACE and parse_node_actor_name(entry["name"]):
+        if entry["namespace"] == wire.DEPLOY_NAMESPACE and wire.parse_node_actor_name(entry["name"]):
             with contextlib.suppress(ValueError):
-                _stop_and_kill(ray.get_actor(entry["name"], namespace=NAMESPACE))
+                _stop_and_kill(ray.get_actor(entry["name"], namespace=wire.DEPLOY_NAMESPACE))
                 removed.append(entry["name"])
-    left = [e["name"] for e in ray.util.list_named_actors(all_namespaces=True) if e["namespace"] == NAMESPACE]
+    left = [e["name"] for e in ray.util.list_named_actors(all_namespaces=True)
+            if e["namespace"] == wire.DEPLOY_NAMESPACE]
     return _result({"removed": removed, "left": left}, not left)
 
 
 def main(argv: list[str]) -> int:
-    context = ray.init(namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
+    context = ray.init(namespace=wire.DEPLOY_NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
     dashboard = context.dashboard_url or ""
     if argv[:1] == ["deploy"] and len(argv) == 2:
         return deploy(json.loads(argv[1]), dashboard if "://" in dashboard else f"http://{dashboard}")

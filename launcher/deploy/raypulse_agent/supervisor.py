@@ -18,7 +18,8 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from . import NAMESPACE, node_actor_name, parse_node_actor_name
+from exporter import wire
+
 from .node import NodeExporter
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,8 @@ def alive_nodes() -> dict[str, dict[str, Any]]:
 
 def place_options(name: str, node_id: str) -> dict[str, Any]:
     """Detached, zero-resource, pinned to the node (soft=False: never elsewhere)."""
-    return {"name": name, "namespace": NAMESPACE, "lifetime": "detached", "get_if_exists": True, "num_cpus": 0,
-            "max_restarts": 0,
+    return {"name": name, "namespace": wire.DEPLOY_NAMESPACE, "lifetime": "detached", "get_if_exists": True,
+            "num_cpus": 0, "max_restarts": 0,
             "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}
 
 
@@ -86,12 +87,12 @@ class Supervisor:
         """After a restart of this actor: take over the node actors that still run."""
         nodes = alive_nodes()
         for entry in ray.util.list_named_actors(all_namespaces=True):
-            parsed = parse_node_actor_name(entry["name"]) if entry["namespace"] == NAMESPACE else None
+            parsed = wire.parse_node_actor_name(entry["name"]) if entry["namespace"] == wire.DEPLOY_NAMESPACE else None
             if parsed is None:
                 continue
             node_id, port = parsed
             try:
-                actor = ray.get_actor(entry["name"], namespace=NAMESPACE)
+                actor = ray.get_actor(entry["name"], namespace=wire.DEPLOY_NAMESPACE)
             except ValueError:
                 continue
             if node_id in nodes:
@@ -141,7 +142,7 @@ class Supervisor:
         base = int(self.config["port"])
         taken = {p.port for p in self.placed.values() if p.host == host}
         port = next(base + 2 * k for k in range(10_000) if base + 2 * k not in taken)
-        name = node_actor_name(node_id, port)
+        name = wire.node_actor_name(node_id, port)
         role = "head" if is_head(node) else "worker"
         actor = ray.remote(NodeExporter).options(**place_options(name, node_id)).remote(
             node_id, host, port, role, self.config)

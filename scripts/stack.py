@@ -8,7 +8,7 @@ Prometheus scrapes the exporters under the job name of `Config.exporter_selector
 from a fixed target list and/or the head exporter's /sd (HTTP service discovery), evaluates
 alerts/rules/*.yaml (or a drill variant) and sends to Alertmanager, which runs
 alerts/alertmanager.yml with its webhook URLs pointed at `webhook_url`.
-`python -m alerts.stack --target HOST:PORT` runs one by hand until Ctrl-C.
+`python -m scripts.stack --target HOST:PORT` runs one by hand until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,11 +28,9 @@ from typing import Any
 
 import yaml
 
-from alerts.build import RULES_DIR
-from alerts.webhook import Webhook
-
-ALERTMANAGER_EXAMPLE = Path(__file__).resolve().parent / "alertmanager.yml"
-SCRAPE_JOB = "raypulse"  # matches alerts.config.Config.exporter_selector
+from alerts import prometheus
+from scripts.ports import free_port
+from scripts.webhook import Webhook
 
 
 def binaries() -> tuple[str, str] | None:
@@ -44,16 +41,10 @@ def binaries() -> tuple[str, str] | None:
     return (prometheus, alertmanager) if prometheus and alertmanager else None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def alertmanager_config(webhook_url: str, fast: bool = False) -> dict[str, Any]:
     """alerts/alertmanager.yml with every webhook sent to `webhook_url` (same path), and with
     `fast`, grouping waits of a second so that a test sees notifications at once."""
-    config = yaml.safe_load(ALERTMANAGER_EXAMPLE.read_text())
+    config = yaml.safe_load(prometheus.ALERTMANAGER_EXAMPLE.read_text())
     for receiver in config["receivers"]:
         for hook in receiver.get("webhook_configs", []):
             path = urllib.parse.urlsplit(hook["url"]).path
@@ -65,27 +56,6 @@ def alertmanager_config(webhook_url: str, fast: bool = False) -> dict[str, Any]:
                 if key in route or route is config["route"]:
                     route[key] = value
     return config
-
-
-def prometheus_config(*, targets: list[str] | None = None, sd_url: str | None = None, labels: dict[str, str] | None,
-                      rule_files: list[Path], alertmanager: str, scrape_interval: str, evaluation_interval: str,
-                      relabel_configs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    job: dict[str, Any] = {"job_name": SCRAPE_JOB}
-    if sd_url:
-        job["http_sd_configs"] = [{"url": sd_url, "refresh_interval": scrape_interval}]
-    if targets:
-        # One group per target, so each gets a `node` label (the target itself unless given):
-        # inhibition by node needs one on every series.
-        job["static_configs"] = [{"targets": [target], "labels": {"node": target, **(labels or {})}}
-                                 for target in targets]
-    if relabel_configs:
-        job["relabel_configs"] = relabel_configs
-    return {
-        "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
-        "rule_files": [str(path) for path in rule_files],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
-        "scrape_configs": [job],
-    }
 
 
 def _get(url: str, timeout: float = 5.0) -> bytes:
@@ -173,7 +143,7 @@ class Stack:
 
 def start(workdir: Path, *, targets: list[str] | None = None, sd_url: str | None = None,
           labels: dict[str, str] | None = None, webhook_url: str = "http://127.0.0.1:9096",
-          rules_dir: Path = RULES_DIR, scrape_interval: str = "15s", evaluation_interval: str = "15s",
+          rules_dir: Path = prometheus.RULES_DIR, scrape_interval: str = "15s", evaluation_interval: str = "15s",
           fast: bool = False, with_prometheus: bool = True,
           relabel_configs: list[dict[str, Any]] | None = None) -> Stack:
     """Start Alertmanager, then Prometheus, both on free loopback ports, and wait until both are
@@ -198,12 +168,11 @@ def start(workdir: Path, *, targets: list[str] | None = None, sd_url: str | None
         _wait_ready(stack.alertmanager_url, stack.processes[-1], am_log)
         if not with_prometheus:
             return stack
-        rule_files = sorted(rules_dir.glob("*.yaml"))
         prom_config = workdir / "prometheus.yml"
-        prom_config.write_text(yaml.safe_dump(prometheus_config(
-            targets=targets, sd_url=sd_url, labels=labels, rule_files=rule_files,
+        prom_config.write_text(prometheus.render(prometheus.config(
+            targets=targets or (), sd_url=sd_url, labels=labels, rules=prometheus.rule_files(rules_dir),
             alertmanager=f"127.0.0.1:{am_port}", scrape_interval=scrape_interval,
-            evaluation_interval=evaluation_interval, relabel_configs=relabel_configs), sort_keys=False))
+            evaluation_interval=evaluation_interval, relabel_configs=relabel_configs or ())))
         prom_log, tsdb = workdir / "prometheus.log", tempfile.mkdtemp(prefix="tsdb-", dir=workdir)
         command = [prometheus_bin, f"--config.file={prom_config}", f"--storage.tsdb.path={tsdb}",
                    f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"]
@@ -235,7 +204,7 @@ def start_demo(workdir: Path, *, targets: list[str] | None = None, sd_url: str |
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m alerts.stack", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m scripts.stack", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", action="append", default=[], help="an exporter HOST:PORT (repeatable)")
     parser.add_argument("--sd", help="a head exporter's /sd URL instead of --target")

@@ -21,20 +21,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from alerts.prometheus import config, render
+from exporter import wire
 from exporter.catalog import CATALOG, MetricType
 from exporter.collector import load_collectors
 from tests.conftest import REPO, RunningExporter, RunningPrometheus, binary, exporter_command, wait_until
-from tests.ray_testcluster import RayCluster, start_cluster, start_exporter, start_prometheus, stop_process
+from tests.ray_testcluster import FAST, RayCluster, start_cluster, start_exporter, start_prometheus, stop_process
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 JOB = REPO / "tests" / "data" / "ray" / "train_job.py"
 RUN = "run-it"
-FAST = {"RAYPULSE_EXPORTER_COLLECTORS__RAY__INTERVAL_SECONDS": "1",
-        "RAYPULSE_EXPORTER_COLLECTORS__RAY_HEAD__INTERVAL_SECONDS": "1",
-        "RAYPULSE_EXPORTER_COLLECTORS__RAY_PROCESSES__INTERVAL_SECONDS": "1",
-        "RAYPULSE_EXPORTER_COLLECTORS__TRAIN__INTERVAL_SECONDS": "0.5",
-        "RAYPULSE_EXPORTER_COLLECTORS__GPU__INTERVAL_SECONDS": "1"}
 
 
 @dataclass
@@ -89,16 +86,8 @@ def scenario():
             exporters.append(exporter)
         head, worker = exporters
         (base / "prometheus").mkdir()
-        process, prometheus = start_prometheus(base / "prometheus", f"""
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: raypulse
-    http_sd_configs:
-      - url: http://127.0.0.1:{cluster.head.exporter_port}/sd
-        refresh_interval: 1s
-""")
+        process, prometheus = start_prometheus(base / "prometheus", render(config(
+            sd_url=f"http://127.0.0.1:{cluster.head.exporter_port}{wire.SD_PATH}", scrape_interval="1s", rules=[])))
         started.append(process)
         scenario = Scenario(cluster, head, worker, prometheus, gpu_control)
         run_the_jobs(scenario, stop_file=base / "stop")

@@ -22,7 +22,7 @@ from typing import Any
 
 from exporter.collectors.ray.dashboard import DashboardSession
 from exporter.collectors.ray.localray import Raylet
-from exporter.collectors.ray.procs import Proc, environ_value
+from exporter.collectors.ray.process_info import Proc, environ_value
 
 SYSTEM_TITLES = ("ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::JobSupervisor")
 SUPERVISOR = "ray::JobSupervisor"

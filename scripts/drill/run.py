@@ -1,8 +1,8 @@
 """Run the fault drill: a real local Ray cluster (launcher), exporters with simulated GPUs, a real
 Prometheus and Alertmanager with the drill variant of the rules, a real webhook receiver; a
-healthy run that must raise nothing, then every fault of alerts/drill/faults.py, one by one.
+healthy run that must raise nothing, then every fault of scripts/drill/faults.py, one by one.
 
-Must be run under `flock /tmp/raypulse-ray.lock` (it starts Ray). `python -m alerts.drill --help`.
+Must be run under `flock /tmp/raypulse-ray.lock` (it starts Ray). `python -m scripts.drill --help`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -19,10 +18,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from alerts import build, stack
+from alerts import build
 from alerts.config import DEFAULT
-from alerts.drill.faults import QUICK, Context, Expect, Fault, catalog
-from alerts.webhook import Received, Webhook
+from exporter import wire
+from scripts import stack
+from scripts.drill.faults import QUICK, Context, Expect, Fault, catalog
+from scripts.ports import free_port, free_port_range
+from scripts.webhook import Received, Webhook
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "job.py"
@@ -77,31 +79,17 @@ def budget(expect: Expect, fault: Fault) -> float:
 
 
 def _exporter_env(gpu_control: Path) -> dict[str, str]:
-    env = {"RAYPULSE_EXPORTER_GPU__CONTROL_FILE": str(gpu_control), **RAY_HEALTH}
+    env = {wire.ENV_GPU_CONTROL_FILE: str(gpu_control), **RAY_HEALTH}
     for name, seconds in COLLECTOR_INTERVALS.items():
-        env[f"RAYPULSE_EXPORTER_COLLECTORS__{name.upper()}__INTERVAL_SECONDS"] = str(seconds)
-        env[f"RAYPULSE_EXPORTER_COLLECTORS__{name.upper()}__DEADLINE_SECONDS"] = "5"
+        env[f"{wire.ENV_EXPORTER_PREFIX}COLLECTORS__{name.upper()}__INTERVAL_SECONDS"] = str(seconds)
+        env[f"{wire.ENV_EXPORTER_PREFIX}COLLECTORS__{name.upper()}__DEADLINE_SECONDS"] = "5"
     return env
 
 
 def _ports(nodes: int) -> dict[str, int]:
     """Exporter and progress base ports with room for every node (node i: base + 2i and base + 1 + 2i)."""
-    for _ in range(200):
-        base = random.randrange(20000, 29000)
-        if all(_port_free(base + i) for i in range(2 * nodes)):
-            return {"exporter_port": base, "progress_port": base + 1}
-    raise RuntimeError("no block of free ports")
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+    base = free_port_range(2 * nodes)
+    return {"exporter_port": base, "progress_port": base + 1}
 
 
 def _wait(what: str, predicate, timeout: float, interval: float = 0.5):
@@ -119,7 +107,7 @@ class Spare:
     """A standalone exporter with simulated GPUs (faults that take all of NVML down go there)."""
 
     def __init__(self, workdir: Path, cluster: str, control: Path) -> None:
-        self.port, self.workdir, self.cluster, self.control = stack.free_port(), workdir, cluster, control
+        self.port, self.workdir, self.cluster, self.control = free_port(), workdir, cluster, control
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -163,7 +151,7 @@ def run(quick: bool = False, healthy_seconds: float = 240.0, workdir: Path | Non
     report = Report(quick=quick, scale=SCALE, healthy_seconds=healthy_seconds,
                     started=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     gpu_control, spare_control, job_control = (workdir / "gpu-1.json", workdir / "spare.json", workdir / "job.json")
-    os.environ["RAYPULSE_HOME"] = str(workdir / "launcher-home")  # the drill's cluster stays out of ~/.raypulse
+    os.environ[wire.ENV_HOME] = str(workdir / "launcher-home")  # the drill's cluster stays out of ~/.raypulse
     os.environ.update(_exporter_env(gpu_control))  # inherited by the launcher's nodes and exporters
     rules = workdir / "rules"
     build.write_rules(rules, DEFAULT.scaled(SCALE))
@@ -188,7 +176,7 @@ def run(quick: bool = False, healthy_seconds: float = 240.0, workdir: Path | Non
         cleanup.callback(spare.stop)
         hook = cleanup.enter_context(Webhook())
         alerting = cleanup.enter_context(stack.start(
-            workdir / "stack", sd_url=f"{record.exporters[0].url}/sd", targets=[f"127.0.0.1:{spare.port}"],
+            workdir / "stack", sd_url=record.exporters[0].url + wire.SD_PATH, targets=[f"127.0.0.1:{spare.port}"],
             labels={"cluster": name, "node": SPARE}, webhook_url=hook.url, rules_dir=rules,
             scrape_interval=f"{SCRAPE_SECONDS}s", evaluation_interval=f"{SCRAPE_SECONDS}s", fast=True,
             relabel_configs=_relabel(record.exporters)))

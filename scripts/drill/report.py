@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from alerts.drill.faults import QUICK
-from alerts.drill.run import COLLECTOR_INTERVALS, SCALE, SCRAPE_SECONDS, SLACK_SECONDS, Report
+from scripts.drill.faults import QUICK
+from scripts.drill.run import COLLECTOR_INTERVALS, SCALE, SCRAPE_SECONDS, SLACK_SECONDS, Report
 
 # Labels worth showing in the table (the rest: job, instance, severity, scope, uuid ...).
 SHOWN = ("node", "gpu", "xid", "call", "collector", "submission_id", "rank")
@@ -20,12 +20,12 @@ def render(report: Report) -> str:
     lines = [
         "# Alert fault drill",
         "",
-        "<!-- Written by `make drill` (python -m alerts.drill --output docs/alerts-drill.md); do not edit. -->",
+        "<!-- Written by `make drill` (python -m scripts.drill --output docs/alerts-drill.md); do not edit. -->",
         "",
         "A real local Ray cluster started by the launcher (a head, `gpu-1` with 16 simulated H100s, `cpu-1`), "
         "one exporter per node plus a spare exporter with 2 simulated GPUs, a real Prometheus and Alertmanager "
         "(Debian's 2.42 and 0.25) with the rules of `alerts/rules/` and `alerts/alertmanager.yml`, and a real "
-        "webhook receiver (`alerts/webhook.py`). A training job (`alerts/drill/job.py`, 2 ranks reporting "
+        "webhook receiver (`scripts/webhook.py`). A training job (`scripts/drill/job.py`, 2 ranks reporting "
         "through `exporter.progress`) runs throughout. First a healthy run that must raise nothing but the "
         "Watchdog, then each fault in turn; the table records which alert reached the webhook, with which "
         "labels, how long after the injection.",

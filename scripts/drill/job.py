@@ -1,7 +1,7 @@
 """The fault drill's training job: a real Ray job whose ranks (actors) report progress through
 `exporter.progress`, and whose faults the drill switches on through a small JSON control file.
 
-    python alerts/drill/job.py --control /tmp/drill/job.json --ranks 2
+    python scripts/drill/job.py --control /tmp/drill/job.json --ranks 2
 
 Control file keys (each rank re-reads it every step): "nan" (rank 0 reports a NaN loss), "stall"
 (every rank stops making progress and the driver stops logging: a hang), "fail" (the ranks

@@ -1,11 +1,11 @@
-"""Ray's processes on this node by job, role and actor class (see workers.py for how a process
+"""Ray's processes on this node by job, role and actor class (see process_owners.py for how a process
 is mapped), with their CPU, memory and GPU use; and this node's object store.
 
 CPU is a counter per (job, role, actor class) that only grows: each run adds what every live
 process used since the last run, so a process that exits does not take its CPU time with it.
 A group's series end when its last process is gone (or its job ids get resolved: a driver is
 known by its submission id before its Ray job id).
-GPU use is joined in-process from the GPU collector's per-process table when it runs here.
+GPU use is joined from the gpu collector's per-process table (Shared.gpu_processes) when it runs here.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from collections.abc import Iterable, Mapping
 
 from exporter.catalog import counter, gauge
 from exporter.collector import AsyncCollector, register
-from exporter.collectors.ray import workers
+from exporter.collectors.ray import process_owners
 from exporter.collectors.ray.dashboard import DashboardError, connect
-from exporter.collectors.ray.jobdir import JobDirectory
+from exporter.collectors.ray.job_ids import JobDirectory
 from exporter.collectors.ray.localray import LocalRay, Raylet
-from exporter.collectors.ray.procs import Proc, all_processes
-from exporter.collectors.ray.workers import Identity
+from exporter.collectors.ray.process_info import Proc, all_processes
+from exporter.collectors.ray.process_owners import Identity
 from exporter.config import ExporterConfig
+from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "ray_processes"
@@ -104,8 +105,8 @@ class RayProcessesCollector(AsyncCollector):
     description = ("Ray processes on this node by job, role and actor class with their CPU, memory and GPU use, "
                    "and this node's object store (procfs, dashboard REST API, the gpu collector).")
 
-    def __init__(self, config: ExporterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
+        super().__init__(config, shared)
         self.local = LocalRay(config)
         self.directory = JobDirectory()
         self._identities: dict[tuple[int, int], Identity] = {}  # (pid, start) -> last known identity
@@ -121,7 +122,7 @@ class RayProcessesCollector(AsyncCollector):
         self._children = defaultdict(list)
         for proc in processes.values():
             self._children[proc.ppid].append(proc.pid)
-        found = workers.members(raylets, processes, self.local.procfs)
+        found = process_owners.members(raylets, processes, self.local.procfs)
         views = await self._views(raylets, found)
         identities: dict[tuple[int, int], Identity] = {}
         for member in sorted(found, key=lambda m: m.driver_root != m.proc.pid):  # driver roots first
@@ -137,7 +138,7 @@ class RayProcessesCollector(AsyncCollector):
             for field, spec in STORE_FAMILIES.items():
                 out.add(spec, _number(view.store.get(field, 0)), node_id=raylet.node_id)  # zeros are left out
 
-    def _identify(self, member: workers.Member, views: Mapping[str, workers.NodeView],
+    def _identify(self, member: process_owners.Member, views: Mapping[str, process_owners.NodeView],
                   known: Mapping[tuple[int, int], Identity]) -> Identity:
         proc = member.proc
         view = views.get(member.node_id)
@@ -147,15 +148,16 @@ class RayProcessesCollector(AsyncCollector):
                 if root is not None:
                     return root
             cached = self._identities.get(member.key)
-            submission = cached.submission_id if cached else workers.submission_of_driver(self.local.procfs, proc.pid)
+            submission = (cached.submission_id if cached
+                          else process_owners.submission_of_driver(self.local.procfs, proc.pid))
             job_id = cached.job_id if cached else ""
             if not job_id:  # the Python driver under the entrypoint's shell is a core worker of type DRIVER
                 job_id = next((v.workers[p].job_id for v in views.values() for p in self._descendants(proc.pid)
-                               if p in v.workers and v.workers[p].role == workers.DRIVER), "")
-            return Identity(job_id, submission or "", workers.DRIVER)
+                               if p in v.workers and v.workers[p].role == process_owners.DRIVER), "")
+            return Identity(job_id, submission or "", process_owners.DRIVER)
         if view is not None and proc.pid in view.workers:
             return view.workers[proc.pid]
-        return self._identities.get(member.key) or workers.title_identity(proc)
+        return self._identities.get(member.key) or process_owners.title_identity(proc)
 
     def _descendants(self, pid: int) -> list[int]:
         found, stack = [], [pid]
@@ -165,21 +167,22 @@ class RayProcessesCollector(AsyncCollector):
             stack.extend(self._children.get(current, ()))
         return found
 
-    async def _views(self, raylets: list[Raylet], found: list[workers.Member]) -> dict[str, workers.NodeView]:
-        views: dict[str, workers.NodeView] = {}
+    async def _views(self, raylets: list[Raylet],
+                     found: list[process_owners.Member]) -> dict[str, process_owners.NodeView]:
+        views: dict[str, process_owners.NodeView] = {}
         try:
             async with connect(self.local, raylets) as api:
                 for raylet in raylets:
-                    view = await workers.fetch_node_view(api, raylet.node_id)
+                    view = await process_owners.fetch_node_view(api, raylet.node_id)
                     if view is None:
                         continue
                     unknown = [m.proc.pid for m in found if m.node_id == raylet.node_id and m.driver_root is None
-                               and m.proc.pid not in view.workers and not m.proc.title.startswith(workers.IDLE)
+                               and m.proc.pid not in view.workers and not m.proc.title.startswith(process_owners.IDLE)
                                and m.key not in self._identities]
                     if unknown:  # the raylet's stats lag; ask which job the running tasks belong to
-                        running = await workers.running_tasks(api, raylet.node_id)
+                        running = await process_owners.running_tasks(api, raylet.node_id)
                         extra = {pid: running[pid] for pid in unknown if pid in running}
-                        view = workers.NodeView({**view.workers, **extra}, view.store)
+                        view = process_owners.NodeView({**view.workers, **extra}, view.store)
                     views[raylet.node_id] = view
         except DashboardError:
             pass  # Ray may be down: processes are still reported, from procfs and what was known
@@ -229,29 +232,20 @@ class RayProcessesCollector(AsyncCollector):
         self._emit_gpu(out, members)
 
     def _emit_gpu(self, out: SampleSink, members: Mapping[tuple[int, int], tuple[Proc, Identity]]) -> None:
-        gpu = self.peers.get("gpu")
-        table = getattr(gpu, "process_usage", None)
-        if table is None:
-            return
-        try:
-            usage = table()
-        except Exception:  # the GPU collector's bug must not take the Ray series down  # noqa: BLE001
-            out.partial_error()
+        usage = self.shared.gpu_processes.get()  # the gpu collector's table, when it runs here
+        if usage is None:
             return
         memory: dict[tuple[str, str, str, str], float] = defaultdict(float)
         sm: dict[tuple[str, str, str, str], float] = defaultdict(float)
         users: dict[tuple[str, str, str, str], int] = defaultdict(int)
         for proc, identity in members.values():
             for record in usage.get(proc.pid, ()):
-                key = (identity.job_id, identity.submission_id, str(getattr(record, "gpu", "")),
-                       str(getattr(record, "uuid", "")))
+                key = (identity.job_id, identity.submission_id, str(record.gpu), record.uuid)
                 users[key] += 1
-                used = getattr(record, "used_memory_bytes", None)
-                if used is not None:
-                    memory[key] += used
-                ratio = getattr(record, "sm_utilization", None)
-                if ratio is not None:
-                    sm[key] += ratio
+                if record.used_memory_bytes is not None:
+                    memory[key] += record.used_memory_bytes
+                if record.sm_utilization is not None:
+                    sm[key] += record.sm_utilization
         for key in users:
             labels = dict(zip(GPU_LABELS, key, strict=True))
             out.add(GPU_PROCESSES, users[key], **labels)

@@ -1,2 +1,2 @@
 """The fault drill: inject every fault of the catalog into a real cluster and check which alert
-reaches a real webhook, how fast (`make drill`; alerts/drill/run.py, faults.py, job.py)."""
+reaches a real webhook, how fast (`make drill`; scripts/drill/run.py, faults.py, job.py)."""

@@ -1,11 +1,10 @@
-"""The command line of a node's exporter (`exporter serve`) as the launcher starts it."""
+"""The exporter of one node of a local cluster: where it listens and its `exporter serve` command
+line. (Exporters on an existing cluster are placed by Ray: launcher/deploy/.)"""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-
-GPU_CONTROL_ENV = "RAYPULSE_EXPORTER_GPU__CONTROL_FILE"  # the exporter's own variable for --gpu-control
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""`python -m alerts.drill`: run the fault drill and write its table (`make drill`).
+"""`python -m scripts.drill`: run the fault drill and write its table (`make drill`).
 
-    flock /tmp/raypulse-ray.lock python -m alerts.drill --output docs/alerts-drill.md
-    flock /tmp/raypulse-ray.lock python -m alerts.drill --quick --healthy 45 --json /tmp/drill.json
+    flock /tmp/raypulse-ray.lock python -m scripts.drill --output docs/alerts-drill.md
+    flock /tmp/raypulse-ray.lock python -m scripts.drill --quick --healthy 45 --json /tmp/drill.json
 
 Exit status 0 when every expected alert arrived within its budget and nothing else fired.
 """
@@ -12,12 +12,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from alerts.drill.report import render
-from alerts.drill.run import run, to_json
+from scripts.drill.report import render
+from scripts.drill.run import run, to_json
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m alerts.drill", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m scripts.drill", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a representative subset of the faults (the e2e test)")
     parser.add_argument("--healthy", type=float,

@@ -1,4 +1,4 @@
-"""alerts.stack end to end without Ray (what `make demo` gets): a real exporter with simulated GPUs,
+"""scripts.stack end to end without Ray (what `make demo` gets): a real exporter with simulated GPUs,
 Prometheus with every rule file, Alertmanager, and the webhook receiver. Quiet while healthy;
 a GPU fault reaches the webhook, routed by severity and labelled with its GPU and node."""
 
@@ -10,8 +10,11 @@ import time
 
 import pytest
 
-from alerts import build, stack
+from alerts import build
+from scripts import stack
 from tests.conftest import REPO, wait_until
+
+pytestmark = pytest.mark.slow  # real servers for several seconds each: left out of `make test-quick`
 
 FAST = {"RAYPULSE_EXPORTER_COLLECTORS__GPU__INTERVAL_SECONDS": "1"}
 

@@ -24,6 +24,7 @@ import pynvml
 from pynvml import NVMLError
 
 from exporter.collectors.gpu.reader import error_name
+from exporter.shared import GpuEvents
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +55,6 @@ class WatchedGpu:
 
     def __hash__(self) -> int:
         return hash((self.index, self.uuid, self.address))
-
-
-@dataclass(frozen=True)
-class WatcherState:
-    """An immutable copy of what the watcher has seen, for the gpu_events collector."""
-
-    up: bool
-    xids: MappingProxyType  # (gpu, uuid, xid) -> (count, last unix time)
-    events: MappingProxyType  # (gpu, uuid, type) -> count
-    errors: MappingProxyType  # error -> count
 
 
 def _handle_key(handle: Any) -> int | None:
@@ -111,11 +102,12 @@ class XidWatcher:
         thread.join(self.wait_ms / 1000 * 2 + 1 if timeout is None else timeout)
         return not thread.is_alive()
 
-    def state(self) -> WatcherState:
+    def state(self) -> GpuEvents:
+        """An immutable copy of what the watcher has seen (any thread may call it)."""
         with self._lock:
             fresh = time.monotonic() - self._alive_at < self.wait_ms / 1000 * 3 + 1
             running = self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
-            return WatcherState(up=running and fresh and self._event_set is not None,
+            return GpuEvents(up=running and fresh and self._event_set is not None,
                                 xids=MappingProxyType(dict(self._counts.xids)),
                                 events=MappingProxyType(dict(self._counts.events)),
                                 errors=MappingProxyType(dict(self._counts.errors)))

@@ -1,0 +1,62 @@
+"""The Prometheus side of raypulse: where its rule files and Alertmanager example are (package data,
+one accessor each) and the one builder of a Prometheus configuration that scrapes the exporters and
+evaluates the rules. `launcher prometheus-config`, `make demo`, the drills and the tests all use it.
+
+    config(sd_url="http://head:9477/sd")                 # every node's exporter via the head's /sd
+    config(targets=["10.0.0.5:9477"], labels={"cluster": "c1"}, alertmanager="127.0.0.1:9093")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from alerts.config import DEFAULT, Config
+
+RULES_DIR = Path(str(files("alerts").joinpath("rules")))
+ALERTMANAGER_EXAMPLE = Path(str(files("alerts").joinpath("alertmanager.yml")))
+
+
+def rule_files(directory: Path = RULES_DIR) -> list[Path]:
+    """raypulse's rule files (absolute paths, so a config works wherever Prometheus starts)."""
+    return [path.resolve() for path in sorted(directory.glob("*.yaml"))]
+
+
+Target = str | tuple[str, Mapping[str, str]]  # "host:port", or ("host:port", labels of its own)
+
+
+def config(*, sd_url: str | None = None, targets: Sequence[Target] = (), labels: Mapping[str, str] | None = None,
+           scrape_interval: str = "15s", evaluation_interval: str | None = None,
+           sd_refresh_interval: str | None = None, alertmanager: str | None = None,
+           rules: Sequence[Path] | None = None, relabel_configs: Sequence[Mapping[str, Any]] = (),
+           alerts_config: Config = DEFAULT) -> dict[str, Any]:
+    """One scrape job (named as the alert rules select it) fed by a head exporter's /sd and/or fixed
+    targets (each with `labels`, and labels of its own), the rule files (raypulse's by default;
+    `rules=[]` for none), and Alertmanager when given."""
+    job: dict[str, Any] = {"job_name": alerts_config.scrape_job}
+    if sd_url:
+        job["http_sd_configs"] = [{"url": sd_url, "refresh_interval": sd_refresh_interval or scrape_interval}]
+    if targets:
+        # One group per target, so each gets a `node` label (the target itself unless given):
+        # inhibition by node needs one on every series.
+        groups = [(target, {}) if isinstance(target, str) else target for target in targets]
+        job["static_configs"] = [{"targets": [target], "labels": {"node": target, **(labels or {}), **own}}
+                                 for target, own in groups]
+    if relabel_configs:
+        job["relabel_configs"] = [dict(item) for item in relabel_configs]
+    result: dict[str, Any] = {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval or scrape_interval},
+        "rule_files": [str(path) for path in (rule_files() if rules is None else rules)],
+        "scrape_configs": [job],
+    }
+    if alertmanager:
+        result["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+    return result
+
+
+def render(document: Mapping[str, Any]) -> str:
+    return yaml.safe_dump(dict(document), sort_keys=False)

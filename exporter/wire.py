@@ -1,0 +1,136 @@
+"""The wire contract: every name that crosses the boundary between the launcher, the exporter, the
+deploy agent and training code, spelled once. Standard library only: training code, the exporter,
+the launcher and the agent that `launcher exporters deploy` ships to the nodes all import it.
+
+What crosses:
+- Ray node labels the launcher puts on the nodes it starts (the exporter's /sd reads them);
+- Ray job metadata the launcher puts on every attempt (the exporter labels job series with it);
+- environment variables the launcher gives the nodes and the job's processes;
+- default ports and HTTP paths of the exporter;
+- the names of the actors `launcher exporters deploy` places (the exporter's /sd reads them);
+- where the Ray auth token is found, as Ray itself looks for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+# --- ports and paths of the exporter ---------------------------------------------------------------
+EXPORTER_PORT = 9477  # /metrics, /healthz, /readyz, /sd
+PROGRESS_PORT = 9478  # the progress endpoint (loopback by default)
+PROGRESS_PATH = "/v1/progress"
+SD_PATH = "/sd"  # Prometheus HTTP service discovery, on the head's exporter
+METRICS_PATH = "/metrics"
+HEALTH_PATH = "/healthz"
+
+# --- Ray node labels (set by the launcher with `ray start --labels`) ------------------------------
+NODE_LABEL_EXPORTER_PORT = "raypulse.io/exporter-port"  # the port of the node's exporter
+NODE_LABEL_NODE = "raypulse.io/node"  # the launcher's name for the node: head, workers-1, ...
+NODE_LABEL_GROUP = "raypulse.io/group"  # its worker group (head for the head)
+
+# --- Ray job metadata (set by the launcher on every attempt) --------------------------------------
+META_PREFIX = "raypulse."
+META_JOB_NAME = "raypulse.job_name"
+META_RUN_ID = "raypulse.run_id"
+META_ATTEMPT = "raypulse.attempt"
+META_MAX_ATTEMPTS = "raypulse.max_attempts"
+META_WORKSPACE = "raypulse.workspace"
+META_USER = "raypulse.user"
+META_TRACE_ID = "raypulse.trace_id"
+META_LABEL_PREFIX = "raypulse.label."  # + a user label's key
+# Jobs of raypulse's own tools (the deploy agent), not user runs.
+META_TOOL = "raypulse.io/tool"
+META_TOOL_ACTION = "raypulse.io/action"
+
+# --- environment variables -------------------------------------------------------------------------
+ENV_PROGRESS_URL = "RAYPULSE_PROGRESS_URL"  # where training code reports progress (its node's exporter)
+ENV_RUN_ID = "RAYPULSE_RUN_ID"  # the run an attempt belongs to
+ENV_ATTEMPT = "RAYPULSE_ATTEMPT"  # the attempt's number (1-based)
+ENV_CHECKPOINT_DIR = "RAYPULSE_CHECKPOINT_DIR"  # where the run's checkpoints go (outlives the attempts)
+ENV_RESUME_FROM = "RAYPULSE_RESUME_FROM"  # the latest checkpoint of an earlier attempt (JSON: path, step)
+ENV_CLUSTER_TAG = "RAYPULSE_CLUSTER_TAG"  # every process of a local cluster carries it (teardown finds them)
+ENV_HOME = "RAYPULSE_HOME"  # the launcher's state directory (default ~/.raypulse)
+ENV_EXPORTER_PREFIX = "RAYPULSE_EXPORTER_"  # the exporter's settings, e.g. RAYPULSE_EXPORTER_LISTEN
+ENV_GPU_CONTROL_FILE = "RAYPULSE_EXPORTER_GPU__CONTROL_FILE"  # the simulated GPUs' fault-injection file
+
+# --- `launcher exporters deploy`: its named actors, which the head exporter's /sd reads -----------
+DEPLOY_NAMESPACE = "raypulse"
+DEPLOY_SUPERVISOR = "supervisor"
+DEPLOY_NODE_ACTOR_PREFIX = "exporter-"
+DEPLOY_RESULT_MARKER = "RAYPULSE_AGENT_RESULT "  # the agent's last log line: this marker, then JSON
+
+
+def node_actor_name(node_id: str, port: int) -> str:
+    """The deploy agent's actor on a node; the port travels in the name (node labels are fixed at start)."""
+    return f"{DEPLOY_NODE_ACTOR_PREFIX}{node_id}-{port}"
+
+
+def parse_node_actor_name(name: str) -> tuple[str, int] | None:
+    """(node id, exporter port) of a node actor's name, or None for any other name."""
+    if not name.startswith(DEPLOY_NODE_ACTOR_PREFIX):
+        return None
+    node_id, _, port = name.removeprefix(DEPLOY_NODE_ACTOR_PREFIX).rpartition("-")
+    if node_id and port.isdigit() and 0 < int(port) < 65536:
+        return node_id, int(port)
+    return None
+
+
+# --- the Ray auth token, found where Ray looks for it ---------------------------------------------
+ENV_RAY_AUTH_MODE = "RAY_AUTH_MODE"
+ENV_RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"
+ENV_RAY_AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
+
+
+class RayTokenUnreadable(OSError):
+    """The token file that was named (or found) cannot be read."""
+
+    def __init__(self, path: Path, source: str, reason: str) -> None:
+        super().__init__(f"cannot read the Ray auth token file {path} ({source}): {reason}")
+        self.path = path
+        self.source = source  # which setting named the file
+        self.reason = reason
+
+
+_file_cache: dict[Path, tuple[float, str | None]] = {}
+
+
+def _read_token_file(path: Path, source: str) -> str | None:
+    """The file's token, re-read only when its mtime changes (callers ask on every request)."""
+    try:
+        mtime = path.stat().st_mtime
+    except FileNotFoundError:
+        if source == "~/.ray/auth_token":
+            return None  # the fallback is optional
+        raise RayTokenUnreadable(path, source, "no such file") from None
+    except OSError as exc:
+        raise RayTokenUnreadable(path, source, exc.strerror or str(exc)) from None
+    cached = _file_cache.get(path)
+    if cached is None or cached[0] != mtime:
+        try:
+            cached = (mtime, path.read_text().strip() or None)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RayTokenUnreadable(path, source, getattr(exc, "strerror", None) or str(exc)) from None
+        _file_cache[path] = cached
+    return cached[1]
+
+
+def ray_auth_token(environ: Mapping[str, str] = os.environ, home: Path | None = None,
+                   token_path: Path | None = None) -> str | None:
+    """The Ray auth token for `Authorization: Bearer`, or None when there is none to send.
+
+    Order as Ray reads it (its token-authentication docs): an explicit `token_path` (the
+    launcher's --token-path) first, then RAY_AUTH_MODE=disabled (none), RAY_AUTH_TOKEN, the file
+    named by RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token. Raises RayTokenUnreadable when a file
+    that was named cannot be read."""
+    if token_path is not None:
+        return _read_token_file(token_path.expanduser(), "token_path")
+    if environ.get(ENV_RAY_AUTH_MODE, "").strip().lower() == "disabled":
+        return None
+    token = environ.get(ENV_RAY_AUTH_TOKEN, "").strip()
+    if token:
+        return token
+    if environ.get(ENV_RAY_AUTH_TOKEN_PATH):
+        return _read_token_file(Path(environ[ENV_RAY_AUTH_TOKEN_PATH]).expanduser(), ENV_RAY_AUTH_TOKEN_PATH)
+    return _read_token_file((home or Path.home()) / ".ray" / "auth_token", "~/.ray/auth_token")

@@ -1,0 +1,54 @@
+"""The launcher's one HTTP helper for a Ray dashboard's REST API (version, nodes, State API), with
+the cluster's token. Submitting, following and stopping jobs goes through Ray's own Jobs client
+(launcher/jobs.py); this covers what that client does not offer.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+Filter = tuple[str, str, str]  # (key, "=" | "!=", value), as the State API takes them
+STATE_LIMIT = 10_000  # the State API's own ceiling
+
+
+class DashboardHttpError(OSError):
+    """The dashboard answered with an error status (the body's start is in the message)."""
+
+    def __init__(self, path: str, status: int, body: bytes) -> None:
+        super().__init__(f"{path} answered HTTP {status}: {body[:200]!r}")
+        self.status = status
+
+
+class RayDashboard:
+    def __init__(self, address: str, token: str | None) -> None:
+        self.address = address.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def get(self, path: str, timeout: float = 10) -> tuple[int, bytes]:
+        """(HTTP status, body) of GET address+path; OSError when the dashboard cannot be reached."""
+        request = urllib.request.Request(self.address + path, headers=self.headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def get_json(self, path: str, timeout: float = 10) -> Any:
+        """The JSON body of a 200; DashboardHttpError for another status, ValueError for a non-JSON body."""
+        status, body = self.get(path, timeout)
+        if status != 200:
+            raise DashboardHttpError(path, status, body)
+        return json.loads(body)
+
+    def state_list(self, resource: str, filters: Sequence[Filter] = (), timeout: float = 10) -> list[dict[str, Any]]:
+        """`/api/v0/<resource>` rows (nodes, actors, ...) with detail."""
+        params = [("limit", str(STATE_LIMIT)), ("detail", "1")]
+        for key, predicate, value in filters:
+            params += [("filter_keys", key), ("filter_predicates", predicate), ("filter_values", value)]
+        reply = self.get_json(f"/api/v0/{resource}?{urllib.parse.urlencode(params)}", timeout)
+        return reply["data"]["result"]["result"]
