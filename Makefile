@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
 
-.PHONY: install system-deps demo test test-quick lint bench bench-launch docs dashboards alerts drill clean
+.PHONY: install system-deps demo test test-quick lint bench bench-launch docs dashboards alerts drill heal-drill clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,10 @@ alerts: install
 # The alert fault drill (a real Ray cluster, Prometheus, Alertmanager): writes docs/alerts-drill.md.
 drill: install system-deps
 	flock /tmp/raypulse-ray.lock $(PY) -m scripts.drill --output docs/alerts-drill.md
+
+# The healing drill (real Ray clusters, one fault each): writes docs/healing-drill.md.
+heal-drill: install system-deps
+	flock /tmp/raypulse-ray.lock $(PY) -m scripts.heal_drill --output docs/healing-drill.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .demo

@@ -6,7 +6,10 @@ the example needs nothing beyond Ray). After
 every step the driver averages the workers' weights (an all-reduce, as in data-parallel
 training), and every worker reports its step, loss, samples, gradient norm and learning rate
 through `exporter.progress` to the raypulse exporter of its own node. Every --checkpoint-every
-steps the driver saves the weights and says so.
+steps the driver saves the weights and says so (timed, with its path). A later attempt of the same
+run resumes from the last checkpoint: the launcher gives every attempt the run's checkpoint dir
+(RAYPULSE_CHECKPOINT_DIR) and a new attempt the checkpoint to resume from (RAYPULSE_RESUME_FROM),
+both read here through `progress.checkpoint_dir()` and `progress.resume_from()`.
 
     launcher submit --workers 2 --working-dir examples -- python train.py --steps 60
     python train.py --steps 20            # also runs on a plain `ray.init()` cluster
@@ -18,6 +21,7 @@ sets RAYPULSE_ATTEMPT in the job's environment) run through.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -101,22 +105,29 @@ def main() -> None:
               f"progress -> {placement['progress_url']}", flush=True)
 
     attempt = int(os.environ.get("RAYPULSE_ATTEMPT", "1"))  # set by the launcher for each attempt
-    weights = [0.0] * FEATURES
+    checkpoints = Path((progress.checkpoint_dir() if progress else None) or args.checkpoint_dir)
+    weights, first = [0.0] * FEATURES, 1
+    resume = progress.resume_from() if progress is not None else None
+    if resume and resume.get("path") and Path(resume["path"]).exists():
+        saved = json.loads(Path(resume["path"]).read_text())
+        weights, first = saved["weights"], saved["step"] + 1
+        print(f"attempt {attempt} resumes from step {saved['step']} ({resume['path']})", flush=True)
     started = time.monotonic()
-    for step in range(1, args.steps + 1):
+    loss = math.nan
+    for step in range(first, args.steps + 1):
         if step == args.fail_at_step and attempt == 1:
             raise RuntimeError(f"simulated failure at step {step} (attempt {attempt}); a retry will run through")
         new = ray.get([worker.step.remote(step, weights, args.learning_rate, args.step_seconds) for worker in workers])
         weights = mean(new)  # all-reduce: average the ranks' updates
         if step % args.checkpoint_every == 0 or step == args.steps:
-            checkpoint = Path(args.checkpoint_dir) / f"step-{step:06d}.json"
+            checkpoint = checkpoints / f"step-{step:06d}.json"
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            checkpoint.write_text(json.dumps({"step": step, "weights": weights}))
-            if progress is not None:
-                progress.checkpoint_saved(step, rank=0)
+            with progress.checkpoint(step, path=checkpoint, rank=0) if progress else contextlib.nullcontext():
+                checkpoint.write_text(json.dumps({"step": step, "weights": weights}))
             losses = ray.get([worker.loss.remote(weights) for worker in workers])
             loss = sum(losses) / len(losses)
-            print(f"step {step:4d}  loss {loss:.5f}  {step * BATCH * ranks / (time.monotonic() - started):.0f} "
+            done = step - first + 1
+            print(f"step {step:4d}  loss {loss:.5f}  {done * BATCH * ranks / (time.monotonic() - started):.0f} "
                   f"samples/s  checkpoint {checkpoint}", flush=True)
     ray.get([worker.flush.remote() for worker in workers])
     if progress is not None:

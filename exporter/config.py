@@ -142,6 +142,10 @@ class RaySettings(_Strict):
         "Ray dashboard base URL (http://head:8265). Unset: the dashboard this node's raylet was started "
         "with, else http://127.0.0.1:8265. The token comes from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
         "~/.ray/auth_token, as Ray reads it."))
+    node_id: str | None = Field(None, pattern=r"^[0-9a-f]{56}$", description=(
+        "Watch only this Ray node (its hex id): for several Ray nodes on one host whose raylets carry no "
+        "exporter-port label (`launcher exporters deploy` passes it). Unset: the raylets labelled with this "
+        "exporter's port, else every raylet of the host."))
     role: str = Field("auto", pattern=r"^(auto|head|worker)$", description=(
         "head: also export cluster-wide job, node and workload metrics and serve /sd; worker: only this "
         "node's Ray processes; auto: head when this host runs the head raylet (checked every run)."))

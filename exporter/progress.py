@@ -36,13 +36,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from exporter import wire
 
-__all__ = ["checkpoint_saved", "flush", "ray_train_report", "report", "stats"]
+__all__ = ["checkpoint", "checkpoint_dir", "checkpoint_saved", "flush", "ray_train_report", "report", "resume_from",
+           "stats"]
 
 ENV_URL = wire.ENV_PROGRESS_URL
 DEFAULT_URL = f"http://127.0.0.1:{wire.PROGRESS_PORT}"
@@ -294,14 +297,60 @@ def report(step: int, *, loss: float | None = None, samples: int | None = None, 
         _count_internal_drop()
 
 
-def checkpoint_saved(step: int | None = None, *, rank: int | None = None) -> None:
-    """Record that a checkpoint was just saved (at `step`). Never raises, never blocks."""
+def checkpoint_saved(step: int | None = None, *, path: str | os.PathLike[str] | None = None,
+                     seconds: float | None = None, rank: int | None = None) -> None:
+    """Record that a checkpoint was just saved (at `step`, to `path`, taking `seconds`). With a path,
+    the run's checkpoint dir ($RAYPULSE_CHECKPOINT_DIR) also gets a marker naming it, so the next
+    attempt is told to resume from it ($RAYPULSE_RESUME_FROM). Never raises into the caller."""
     try:
         step_value = _number(step)
-        _submit("checkpoint", rank, {"step": int(step_value) if step_value is not None and step_value >= 0
-                                     else None})
+        step_int = int(step_value) if step_value is not None and step_value >= 0 else None
+        duration = _number(seconds)
+        _submit("checkpoint", rank, {"step": step_int, "duration_seconds": duration if duration is not None and
+                                     math.isfinite(duration) and duration >= 0 else None})
+        if path is not None:
+            _write_marker(step_int, os.fspath(path))
     except Exception:  # noqa: BLE001
         _count_internal_drop()
+
+
+@contextmanager
+def checkpoint(step: int | None = None, *, path: str | os.PathLike[str] | None = None,
+               rank: int | None = None) -> Iterator[None]:
+    """Time a checkpoint save: `with progress.checkpoint(step, path=p): save(p)`; reported (with how
+    long it took) only when the block succeeds."""
+    started = time.monotonic()
+    yield
+    checkpoint_saved(step, path=path, seconds=time.monotonic() - started, rank=rank)
+
+
+def _write_marker(step: int | None, path: str) -> None:
+    """The latest checkpoint, for the launcher to resume the next attempt from (atomic: a reader
+    never sees half of it)."""
+    directory = os.environ.get(wire.ENV_CHECKPOINT_DIR)
+    if not directory or "://" in directory:
+        return
+    marker = Path(directory) / wire.CHECKPOINT_MARKER
+    temp = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
+    temp.write_text(json.dumps({"step": step, "path": path, "time": time.time(),
+                                "attempt": os.environ.get(wire.ENV_ATTEMPT)}))
+    os.replace(temp, marker)
+
+
+def checkpoint_dir() -> str | None:
+    """Where this run keeps its checkpoints across attempts ($RAYPULSE_CHECKPOINT_DIR), if the
+    launcher set one."""
+    return os.environ.get(wire.ENV_CHECKPOINT_DIR) or None
+
+
+def resume_from() -> dict[str, Any] | None:
+    """The checkpoint an earlier attempt of this run saved last ({"step": 40, "path": "..."}, either
+    may be missing), or None for a fresh start ($RAYPULSE_RESUME_FROM, set by the launcher)."""
+    try:
+        value = json.loads(os.environ.get(wire.ENV_RESUME_FROM) or "null")
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and (value.get("step") is not None or value.get("path")) else None
 
 
 _LOSS_KEYS = ("loss", "train_loss")

@@ -6,7 +6,12 @@ A request is `{"reports": [report, ...]}`; a report is
     {"kind": "progress" | "checkpoint", "job_id": "02000000" | null, "submission_id": "..." | null,
      "rank": 0, "time": 1767225600.5, "step": 1200, "loss": 2.31 | "NaN" | "Infinity" | null,
      "grad_norm": ..., "learning_rate": ..., "samples_total": 76800, "tokens_total": null,
-     "dropped_total": 0}
+     "dropped_total": 0, "duration_seconds": 4.2 | null}
+
+(`duration_seconds`: for a checkpoint, how long its save took.) The launcher's health watcher also
+reports how its run heals, with kind "run": {"kind": "run", "run_id": "...", "time": ..., "fault":
+"hang", "detect_seconds": 31.5, "recover_seconds": 52.0, "steps_lost": 3} for a recovery, and
+{"kind": "run", "run_id": "...", "time": ..., "effective_training_ratio": 0.93} as the run goes.
 
 Every field is checked (unknown fields are refused by name); a batch is applied whole or not at
 all. Bounds: the jobs tracked at once and the ranks per job (429 beyond them); ranks that stop
@@ -24,7 +29,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 
-from exporter import strict
+from exporter import strict, wire
 from exporter.config import ProgressSettings
 from exporter.strict import Strict
 
@@ -56,7 +61,7 @@ Count = Annotated[int, Field(ge=0, lt=_MAX_COUNT, strict=True)]
 class Report(Strict):
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["progress", "checkpoint"]
+    kind: Literal["progress", "checkpoint", "run"]
     job_id: str | None = Field(None, pattern=r"^[0-9a-f]{2,64}$", description="Ray job id (hex)")
     submission_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
     rank: int = Field(0, ge=0, le=1_000_000, strict=True)
@@ -68,6 +73,13 @@ class Report(Strict):
     samples_total: Count | None = None
     tokens_total: Count | None = None
     dropped_total: Count = 0
+    duration_seconds: float | None = Field(None, ge=0, le=7 * 86400, allow_inf_nan=False)
+    run_id: str | None = Field(None, pattern=r"^[a-z]([-a-z0-9]{0,46}[a-z0-9])?$", description="a launcher run")
+    fault: Literal[wire.FAULT_CLASSES] | None = None  # type: ignore[valid-type]
+    detect_seconds: float | None = Field(None, ge=0, le=30 * 86400, allow_inf_nan=False)
+    recover_seconds: float | None = Field(None, ge=0, le=30 * 86400, allow_inf_nan=False)
+    steps_lost: Count | None = None
+    effective_training_ratio: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
 
 
 class Batch(Strict):
@@ -91,7 +103,9 @@ def parse_batch(data: Any) -> list[Report]:
         raise Rejected(400, "invalid", strict.summary(exc, "unknown field", whole="body")) from None
     now = time.time()
     for index, report in enumerate(batch.reports):
-        if report.job_id is None and report.submission_id is None:
+        if report.kind == "run" and report.run_id is None:
+            raise Rejected(400, "invalid", f"reports[{index}]: run_id is required for kind run")
+        if report.kind != "run" and report.job_id is None and report.submission_id is None:
             raise Rejected(400, "invalid", f"reports[{index}]: job_id or submission_id is required (who is "
                            "training?)")
         if abs(report.time - now) > _CLOCK_SKEW_SECONDS:
@@ -111,6 +125,7 @@ class RankState:
     last_progress_time: float | None = None
     last_checkpoint_time: float | None = None
     checkpoint_step: float | None = None
+    checkpoint_seconds: float | None = None  # how long the last checkpoint save took
     checkpoints: int = 0
     client_dropped: int = 0
     touched: float = 0.0  # the exporter's monotonic clock, for expiry
@@ -123,6 +138,8 @@ class RankState:
             self.last_checkpoint_time = max(self.last_checkpoint_time or 0.0, report.time)
             if report.step is not None:
                 self.checkpoint_step = report.step
+            if report.duration_seconds is not None:
+                self.checkpoint_seconds = report.duration_seconds
             return
         self.last_progress_time = max(self.last_progress_time or 0.0, report.time)
         if report.step is not None:
@@ -142,6 +159,27 @@ class RankState:
                 self.nonfinite[name] += 1
 
 
+@dataclass
+class RunHealth:
+    """How a launcher run heals, as its watcher reports it."""
+
+    recoveries: Counter[str] = field(default_factory=Counter)  # by fault class
+    detect_seconds: float | None = None  # of the latest recovery
+    recover_seconds: float | None = None
+    steps_lost: int = 0
+    effective_training_ratio: float | None = None
+    touched: float = 0.0
+
+    def apply(self, report: Report) -> None:
+        if report.fault is not None:
+            self.recoveries[report.fault] += 1
+            self.detect_seconds = report.detect_seconds
+            self.recover_seconds = report.recover_seconds
+            self.steps_lost += report.steps_lost or 0
+        if report.effective_training_ratio is not None:
+            self.effective_training_ratio = report.effective_training_ratio
+
+
 JobKey = tuple[str, str]  # (job_id, submission_id) as reported; either may be ""
 
 
@@ -152,6 +190,7 @@ class ProgressStore:
         self.settings = settings
         self._clock = clock
         self.jobs: dict[JobKey, dict[int, RankState]] = {}
+        self.runs: dict[str, RunHealth] = {}  # by launcher run id, bounded by progress.max_jobs too
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
 
@@ -162,6 +201,12 @@ class ProgressStore:
     def apply(self, reports: list[Report]) -> None:
         """Apply a validated batch, or raise Rejected (429) if it would exceed a bound."""
         self.expire()
+        runs = [report for report in reports if report.kind == "run"]
+        reports = [report for report in reports if report.kind != "run"]
+        new_runs = {report.run_id for report in runs} - set(self.runs)
+        if len(self.runs) + len(new_runs) > self.settings.max_jobs:
+            raise self.reject(Rejected(429, "too_many_jobs", f"health is tracked for at most {self.settings.max_jobs} "
+                                       "runs at once (progress.max_jobs)"))
         new_jobs: set[JobKey] = set()
         new_ranks: Counter[JobKey] = Counter()
         seen: set[tuple[JobKey, int]] = set()
@@ -183,12 +228,16 @@ class ProgressStore:
                                            f"{self.settings.max_ranks_per_job} ranks per job "
                                            "(progress.max_ranks_per_job)"))
         now = self._clock()
+        for report in runs:
+            health = self.runs.setdefault(report.run_id or "", RunHealth())
+            health.apply(report)
+            health.touched = now
         for report in reports:
             state = self.jobs.setdefault((report.job_id or "", report.submission_id or ""), {}).setdefault(
                 report.rank, RankState())
             state.apply(report)
             state.touched = now
-        self.accepted += len(reports)
+        self.accepted += len(reports) + len(runs)
 
     def expire(self) -> None:
         cutoff = self._clock() - self.settings.expire_after_seconds
@@ -198,3 +247,5 @@ class ProgressStore:
                 del ranks[rank]
             if not ranks:
                 del self.jobs[key]
+        for run_id in [run_id for run_id, health in self.runs.items() if health.touched < cutoff]:
+            del self.runs[run_id]

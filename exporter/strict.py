@@ -56,7 +56,8 @@ def problems(error: ValidationError, unknown_field: str = UNKNOWN_FIELD) -> list
             message = unknown_field
         elif item["type"] == "missing":
             message = "required"
-        if not where and ": " in message and message.split(": ", 1)[0].isidentifier():
+        head = message.split(": ", 1)[0]
+        if not where and ": " in message and all(part.isidentifier() for part in head.split(".")):
             where, message = message.split(": ", 1)
         found.append(Problem(where, message, loc))
     return found

@@ -49,11 +49,19 @@ ENV_PROGRESS_URL = "RAYPULSE_PROGRESS_URL"  # where training code reports progre
 ENV_RUN_ID = "RAYPULSE_RUN_ID"  # the run an attempt belongs to
 ENV_ATTEMPT = "RAYPULSE_ATTEMPT"  # the attempt's number (1-based)
 ENV_CHECKPOINT_DIR = "RAYPULSE_CHECKPOINT_DIR"  # where the run's checkpoints go (outlives the attempts)
-ENV_RESUME_FROM = "RAYPULSE_RESUME_FROM"  # the latest checkpoint of an earlier attempt (JSON: path, step)
+ENV_RESUME_FROM = "RAYPULSE_RESUME_FROM"  # the latest checkpoint of an earlier attempt (JSON: step, path)
+CHECKPOINT_MARKER = "raypulse-checkpoint.json"  # in the checkpoint dir: the latest checkpoint (step, path, time)
 ENV_CLUSTER_TAG = "RAYPULSE_CLUSTER_TAG"  # every process of a local cluster carries it (teardown finds them)
 ENV_HOME = "RAYPULSE_HOME"  # the launcher's state directory (default ~/.raypulse)
 ENV_EXPORTER_PREFIX = "RAYPULSE_EXPORTER_"  # the exporter's settings, e.g. RAYPULSE_EXPORTER_LISTEN
 ENV_GPU_CONTROL_FILE = "RAYPULSE_EXPORTER_GPU__CONTROL_FILE"  # the simulated GPUs' fault-injection file
+
+# --- fault classes of the launcher's health watcher (the exporter counts recoveries by them) -------
+FAULT_HANG = "hang"
+FAULT_GPU = "gpu_fault"
+FAULT_NODE_LOST = "node_lost"
+FAULT_NONFINITE_LOSS = "nonfinite_loss"
+FAULT_CLASSES = (FAULT_HANG, FAULT_GPU, FAULT_NODE_LOST, FAULT_NONFINITE_LOSS)
 
 # --- `launcher exporters deploy`: its named actors, which the head exporter's /sd reads -----------
 DEPLOY_NAMESPACE = "raypulse"

@@ -23,15 +23,21 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from exporter import wire
+from launcher.deploy import remote
 from launcher.display import Reporter
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
+from launcher.healing import Healing, NodeRemedy
+from launcher.health import stacks
+from launcher.health.exporters import Target, from_sd
+from launcher.health.remedy import DrainRemedy, LocalRemedy
 from launcher.jobs import TERMINAL, JobsClient, read_token
 from launcher.journal import Journal
 from launcher.local import Cancelled, LocalCluster, forget_cluster, stop_cluster_processes
-from launcher.run import Run, finish_run, submission_id, update_attempt
+from launcher.run import Run, finish_run, job_view, submission_id, update_attempt
 from launcher.spec import JobSpec, build_spec
 from launcher.state import (
     ClusterRecord,
@@ -40,6 +46,7 @@ from launcher.state import (
     load_cluster,
     load_run,
     request_stop,
+    run_dir,
 )
 from launcher.tracing import RunTrace, traces_url
 
@@ -59,6 +66,60 @@ def _check_working_dir(spec: JobSpec) -> JobSpec:
     if not path.is_dir():
         raise BadInput(f"working_dir: {spec.working_dir} is not a directory")
     return spec.model_copy(update={"working_dir": str(path.resolve())})
+
+
+def _checkpoint_dir(spec: JobSpec) -> str | None:
+    """Where the run's checkpoints go (RAYPULSE_CHECKPOINT_DIR). A local cluster's nodes (a kept one's
+    too) share this machine: the directory is made now (under the run's record unless the spec names one), and one
+    that cannot be made or written is bad input. Elsewhere it is what the spec says (checked to be an
+    absolute path or a URI), since only the nodes can tell whether they reach it."""
+    if spec.resolved_backend != "local" and not (spec.cluster and load_cluster(spec.cluster) is not None):
+        return spec.checkpoint_dir  # a kept local cluster's nodes are on this machine too: handled below
+    path = Path(spec.checkpoint_dir) if spec.checkpoint_dir else run_dir(spec.run_id or "") / "checkpoints"
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = path / f".raypulse-write-check-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise BadInput(f"checkpoint_dir: cannot write checkpoints to {path}: {exc.strerror or exc}; give "
+                       "--checkpoint-dir a directory the nodes can write") from None
+    return str(path.resolve())
+
+
+def _healing(spec: JobSpec, journal: Journal, client: JobsClient, cluster: LocalCluster | None) -> Healing | None:
+    """The run's health watcher and what it may do: on a local cluster its record lists the exporters
+    and a faulty worker is replaced; on an existing cluster the head exporter's /sd lists them and a
+    faulty node is drained through Ray."""
+    if not spec.health.enabled:
+        return None
+    dashboard = client.dashboard
+    kept = load_cluster(spec.cluster) if spec.cluster else None  # a kept local cluster: its record lists them
+    if cluster is not None or kept is not None:
+        def targets() -> list[Target]:
+            record = cluster.record if cluster is not None else kept
+            return [Target(ref.node, ref.url) for ref in record.exporters] if record is not None else []
+
+        record = cluster.record if cluster is not None else kept
+        head = next((ref.progress_url for ref in record.exporters if ref.role == "head"), None) if record else None
+        remedy: NodeRemedy = LocalRemedy(cluster) if cluster is not None else DrainRemedy(client)
+        return Healing(spec.health, journal, targets, remedy, dashboard, progress_url=head, local_processes=True)
+    return Healing(spec.health, journal, from_sd(_head_exporter(client) + wire.SD_PATH), DrainRemedy(client),
+                   dashboard)
+
+
+def _head_exporter(client: JobsClient) -> str:
+    """The head's exporter: the one `launcher exporters deploy` placed there, else the default port on
+    the dashboard's host (an exporter started by hand)."""
+    try:
+        rows = remote.exporters_status(client)["nodes"]
+        head = next((row["exporter_url"] for row in rows if row["role"] == "head" and row["exporter_url"]), None)
+        if head:
+            return head
+    except (InfraError, OSError, KeyError):
+        pass
+    host = urlsplit(client.address).hostname or "127.0.0.1"
+    return f"http://{host}:{wire.EXPORTER_PORT}"
 
 
 def cluster_client(name: str) -> tuple[ClusterRecord, JobsClient]:
@@ -160,6 +221,7 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
         raise BadInput("backend: kuberay runs are applied with launcher.kuberay.apply(spec) (`launcher submit "
                        "--backend kuberay`); they are followed with kubectl")
     spec = _check_working_dir(spec)
+    checkpoint_dir = _checkpoint_dir(spec)
     record = load_run(spec.run_id)
     left_running = load_cluster(spec.run_id) if backend == "local" else None
     if backend == "local" and left_running is None and record is not None and record.exit_code is not None:
@@ -170,6 +232,7 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
                            spec=spec.model_dump(mode="json"))
         clear_stop(spec.run_id)  # a stop asked of an earlier run with this id is not for this one
     record.pid = os.getpid()
+    record.checkpoint_dir = checkpoint_dir
     run_trace = RunTrace(traces_url(spec.otlp_endpoint, os.environ), {
         "raypulse.run_id": spec.run_id, "raypulse.job_name": spec.name, "raypulse.backend": backend,
         "raypulse.max_attempts": spec.max_attempts}, warn=reporter.warn)
@@ -195,7 +258,7 @@ def _start(spec: JobSpec, journal: Journal, left_running: ClusterRecord | None, 
     cluster: LocalCluster | None = None
     if backend == "existing":
         client = client_for(spec.address, spec.cluster, spec.token_path)
-        record.address, record.cluster = client.address, spec.cluster
+        journal.emit("run.placed", address=client.address, cluster=spec.cluster)
     elif left_running is not None:
         # The cluster of an earlier submit of this run is still up (kept, or its launcher died):
         # follow the run there, status first, instead of starting a second cluster.
@@ -203,12 +266,12 @@ def _start(spec: JobSpec, journal: Journal, left_running: ClusterRecord | None, 
                               "run on it")
         cluster = LocalCluster.adopt(left_running, journal, cancel)
         client = cluster_client(left_running.name)[1]
-        record.address, record.cluster, record.cluster_kept = left_running.address, left_running.name, left_running.kept
+        journal.emit("run.placed", address=left_running.address, cluster=left_running.name, kept=left_running.kept)
     else:
         # Ray's Jobs client takes a second to import: do it while the nodes start.
         threading.Thread(target=importlib.import_module, args=("ray.job_submission",), daemon=True).start()
         cluster = LocalCluster(spec, spec.run_id, journal, cancel, kept=spec.keep_cluster, defer_exporters=True)
-        record.cluster, record.cluster_kept = spec.run_id, spec.keep_cluster
+        journal.emit("run.placed", cluster=spec.run_id, kept=spec.keep_cluster)
         try:
             cluster_record = cluster.start()
         except BadInput:
@@ -222,11 +285,11 @@ def _start(spec: JobSpec, journal: Journal, left_running: ClusterRecord | None, 
         except BaseException:
             cluster.teardown()
             raise
-    record.save()
     # A new local cluster's exporters start once the job runs: on a small machine their start-up
     # would otherwise compete with the job's (the run also starts them if it stays pending).
     run = Run(spec, client, journal, cancel, follow_logs=follow_logs,
-              on_running=cluster.start_exporters if cluster is not None else None)
+              on_running=cluster.start_exporters if cluster is not None else None,
+              healing=_healing(spec, journal, client, cluster))
     try:
         run.start()
     except BaseException:
@@ -390,3 +453,28 @@ def stop(run_id: str, *, address: str | None = None, cluster: str | None = None,
         client.stop(attempt_id)
     Journal(run_id=run_id).emit("run.stop_requested", stopped=stopped, trace_id=record.trace_id if record else None)
     return stopped
+
+
+def diagnose(run_id: str, *, live: bool | None = None, address: str | None = None, cluster: str | None = None,
+             token_path: Path | None = None) -> list[stacks.Evidence]:
+    """The stacks of the run's processes: taken now while its attempt runs on a reachable cluster
+    (`live`; the default then), else those saved when a hang was found. Newest first."""
+    record = status(run_id, address=address, cluster=cluster, token_path=token_path)
+    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record)
+    current = record.attempts[-1] if record.attempts else None
+    running = client is not None and current is not None and current.status == "RUNNING"
+    if live or (live is None and running):
+        if not running:
+            raise BadInput(f"run_id: run {run_id!r} has no running attempt on a reachable cluster to take stacks of")
+        details = client.details(current.submission_id)
+        job = job_view(details) if details is not None else {}
+        processes = stacks.job_processes(client.dashboard, job.get("job_id"), job.get("driver"))
+        directory = run_dir(run_id) / "stacks" / f"live-{time.strftime('%Y%m%d-%H%M%S')}"
+        local = record.cluster is not None and load_cluster(record.cluster) is not None
+        return [stacks.collect(client.dashboard, processes, directory, local=local)]
+    saved = sorted((run_dir(run_id) / "stacks").glob("*/summary.json"), key=lambda path: path.stat().st_mtime,
+                   reverse=True)
+    if not saved:
+        raise BadInput(f"run_id: run {run_id!r} has no saved stacks (they are taken when a hang is found) and no "
+                       "running attempt to take them from")
+    return [stacks.load(path.parent) for path in saved]

@@ -26,6 +26,9 @@ def path() -> Path:
     return home() / "audit.log"
 
 
+_OWN = frozenset({"time", "unix_time", "user", "host", "pid", "action", "result"})
+
+
 def record(action: str, result: str, /, **details: Any) -> None:
     """Append one line. A failure to write is reported on stderr but never raised into the action it
     records (a full disk must not prevent a stop or a teardown). Inside a traced run, the line
@@ -39,7 +42,8 @@ def record(action: str, result: str, /, **details: Any) -> None:
         "pid": os.getpid(),
         "action": action,
         "result": result,
-        **{key: value for key, value in details.items() if value is not None},
+        # The line's own fields win: a detail of the same name (a policy's action) is said by them.
+        **{key: value for key, value in details.items() if value is not None and key not in _OWN},
     }
     try:
         target = path()

@@ -71,7 +71,18 @@ SPEC_OPTIONS: dict[str, str] = {
     "queue": "queue",
     "exporter_image": "exporter_image",
     "otlp_endpoint": "otlp_endpoint",
+    "checkpoint_dir": "checkpoint_dir",
+    "no_health": "health.enabled",
+    "health_check_interval": "health.check_interval_seconds",
+    "hang_after": "health.hang_after_seconds",
+    "silence_after": "health.silence_after_seconds",
+    "on_hang": "health.on_hang",
+    "on_gpu_fault": "health.on_gpu_fault",
+    "on_node_lost": "health.on_node_lost",
+    "on_nonfinite_loss": "health.on_nonfinite_loss",
+    "no_stacks": "health.stacks",
 }
+NEGATIONS = {"no_health", "no_stacks"}  # flags that turn a default-on field off
 WORKER_SHORTHANDS = {"workers": "count", "worker_cpus": "cpus", "worker_gpus": "gpus", "worker_memory": "memory",
                      "worker_resource": "resources"}
 
@@ -143,8 +154,11 @@ def spec_from_options(file: Path | None, options: dict[str, Any]) -> JobSpec:
     if "label" in given:
         data["labels"] = {**data.get("labels", {}), **_pairs("--label", given.pop("label"))}
     for key, value in given.items():
-        field = SPEC_OPTIONS[key]
-        data[field] = str(value) if isinstance(value, Path) else value
+        *sections, field = SPEC_OPTIONS[key].split(".")  # health.hang_after_seconds -> data["health"][...]
+        target = data
+        for section in sections:
+            target = target.setdefault(section, {})
+        target[field] = False if key in NEGATIONS else str(value) if isinstance(value, Path) else value
     return build_spec(data, source)
 
 
@@ -168,7 +182,7 @@ def spec_options(func: Callable) -> Callable:
         click.option("--worker-resource", multiple=True, metavar="NAME=QTY", help="Custom resource per worker."),
         click.option("--worker-group", multiple=True, metavar="NAME:count=N,cpus=C,gpus=G,memory=M,resource.X=Q",
                      help="A worker group (repeatable), instead of the --workers/--worker-* shorthands."),
-        click.option("--max-retries", type=int, help="Failed attempts retried as new attempts [0]."),
+        click.option("--max-retries", type=int, help="New attempts after a failed or unhealthy one [3]."),
         click.option("--retry-backoff", type=float, metavar="SECONDS", help="Wait before the first retry [10]."),
         click.option("--retry-backoff-max", type=float, metavar="SECONDS", help="Longest wait between attempts [300]."),
         click.option("--active-deadline-seconds", type=int, help="Stop the run after this long (exit 4)."),
@@ -192,6 +206,20 @@ def spec_options(func: Callable) -> Callable:
         click.option("--exporter-image", help="Exporter sidecar image on Kubernetes [--image]."),
         click.option("--otlp-endpoint", metavar="URL", help="Trace the run to this OTLP/HTTP collector "
                      "(http://collector:4318) [OTEL_EXPORTER_OTLP_ENDPOINT]."),
+        click.option("--checkpoint-dir", metavar="PATH|URI", help="Where the run's checkpoints go, across attempts "
+                     "(RAYPULSE_CHECKPOINT_DIR) [local: under the run's record]."),
+        click.option("--no-health", is_flag=True, help="Do not watch the run's health (no hang or fault healing)."),
+        click.option("--health-check-interval", type=float, metavar="SECONDS",
+                     help="How often the watcher reads the exporters [10]."),
+        click.option("--hang-after", type=float, metavar="SECONDS",
+                     help="No progress from any rank for this long is a hang [900, as the alert rule]."),
+        click.option("--silence-after", type=float, metavar="SECONDS",
+                     help="A job reporting no progress is hung after this long without output [1800]."),
+        click.option("--on-hang", type=click.Choice(["restart", "stop", "report"]), help="[restart]"),
+        click.option("--on-gpu-fault", type=click.Choice(["restart", "stop", "report"]), help="[restart]"),
+        click.option("--on-node-lost", type=click.Choice(["restart", "stop", "report"]), help="[restart]"),
+        click.option("--on-nonfinite-loss", type=click.Choice(["restart", "stop", "report"]), help="[restart]"),
+        click.option("--no-stacks", is_flag=True, help="Do not take the processes' stacks before acting on a hang."),
         click.argument("command", nargs=-1, type=click.UNPROCESSED),
     ]
     for option in reversed(options):
@@ -212,7 +240,7 @@ def target_options(func: Callable) -> Callable:
 
 
 EVENTS_SHOWN = 20  # `status` lists the run's latest events; `status -o json` has them all
-QUIET_EVENTS = {"cluster.starting", "cluster.nodes_started", "attempt.submitting"}  # phases, not news
+QUIET_EVENTS = {"run.placed", "cluster.starting", "cluster.nodes_started", "attempt.submitting"}  # not news
 OUTPUT = click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 
 
@@ -223,7 +251,8 @@ def main() -> None:
 
     \b
     Exit codes: 0 succeeded, 1 failed, 2 bad input (nothing started), 3 stopped,
-                4 deadline exceeded, 5 cluster failed or lost.
+                4 deadline exceeded, 5 cluster failed or lost, 6 failing the same way
+                again, 7 unhealthy (health policy stopped it, or healing ran out of retries).
     """
 
 
@@ -392,6 +421,38 @@ def stop(run_id: str, address: str | None, cluster: str | None, token_path: Path
     stopped = _read("stop", lambda: api.stop(run_id, address=address, cluster=cluster, token_path=token_path))
     click.echo(f"launcher: stopped {', '.join(stopped)}" if stopped else
                f"launcher: run {run_id} has no running attempt; it will not be retried", err=True)
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--live/--saved", default=None, help="Take the stacks now (the default while the run's attempt runs), "
+              "or show those saved when a hang was found.")
+@target_options
+@OUTPUT
+def diagnose(run_id: str, live: bool | None, address: str | None, cluster: str | None, token_path: Path | None,
+             output: str) -> None:
+    """Every process's Python stack of a run, grouped by where they are: most ranks of a hung collective
+    wait in the same frame, the suspects elsewhere."""
+    found = _read("diagnose", lambda: api.diagnose(run_id, live=live, address=address, cluster=cluster,
+                                                   token_path=token_path))
+    if output == "json":
+        _print_json([{"directory": evidence.directory, "summary": evidence.summary, "groups": evidence.groups}
+                     for evidence in found])
+        return
+    for evidence in found:
+        click.echo(f"{evidence.directory}\n  {evidence.summary}")
+        for frame, members in evidence.groups:
+            click.echo(f"\n  {len(members)} in {frame}: {', '.join(members)}")
+            sample = _stack_file(Path(evidence.directory), members[0])
+            if sample is not None:
+                click.echo("    " + "\n    ".join(sample.read_text().rstrip().splitlines()))
+        click.echo("")
+
+
+def _stack_file(directory: Path, member: str) -> Path | None:
+    """The saved stack of a group's member (`actor Rank 4242@10.0.0.2`)."""
+    pid = member.split("@")[0].split()[-1]
+    return next(iter(sorted(directory.glob(f"*-{pid}-*.txt"))), None)
 
 
 @main.command(name="list")

@@ -15,6 +15,8 @@ class ExitCode(IntEnum):
     STOPPED = 3  # stopped: `launcher stop`, Ctrl-C or SIGTERM
     DEADLINE_EXCEEDED = 4  # active_deadline_seconds or pre_running_deadline_seconds passed; the job was stopped
     INFRA_ERROR = 5  # the cluster could not be started or was lost while the job ran
+    REPEATED_FAILURE = 6  # retries were left, but two attempts in a row failed the same way: retrying won't help
+    UNHEALTHY = 7  # stopped by its health policy (hang, GPU fault, lost node, non-finite loss), or healing ran out
 
 
 # Final run states (ours, one level above Ray's job status; named as the exit codes) and codes.

@@ -50,6 +50,15 @@ def _finished(d: Details) -> str:
     return f"{_attempt_of(d)} {d['status']}" + (f": {message}" if d["status"] == "FAILED" and message else "")
 
 
+_ACTIONS = {"restart": "stopping the attempt; a new one resumes from the last checkpoint",
+            "stop": "stopping the run (the health policy says stop)", "report": "reported only (health policy)"}
+
+
+def _why_again(d: Details) -> str:
+    cause = d.get("cause")
+    return "failed" if not cause or cause == "failed" else f"stopped ({cause})"
+
+
 def _killed(d: Details) -> str:
     return f"; {d['killed']} process(es) needed SIGKILL" if d.get("killed") else ""
 
@@ -79,9 +88,35 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("attempt.stopping", say=lambda d: f"stopping attempt {d['attempt']} ({d['why']})", audit="attempt.stop",
          result=lambda _: "sent"),
     Kind("attempt.finished", say=_finished),
-    Kind("retry.scheduled", say=lambda d: f"attempt {d['attempt']} failed; attempt {d['attempt'] + 1} in "
+    Kind("retry.scheduled", say=lambda d: f"attempt {d['attempt']} {_why_again(d)}; attempt {d['attempt'] + 1} in "
                                           f"{d['delay']:g}s"),
+    Kind("run.resume", say=lambda d: f"attempt {d['attempt']} resumes from the checkpoint of step {d.get('step')}"
+                                     + (f" ({d['path']})" if d.get("path") else "")),
+    # the health watcher and what it does (launcher/healing.py)
+    Kind("health.blind", level="warn", say=lambda d: "the watcher finds no exporter to read: this run's health is "
+                                                     "not watched (is an exporter on the head? `launcher exporters "
+                                                     "deploy`)"),
+    Kind("health.exporter_unreachable", level="warn", say=lambda d: f"the exporter of {d['node']} does not answer "
+         f"({d['error']}); that node is not watched until it does (never a reason to restart)"),
+    Kind("health.exporter_back", say=lambda d: f"the exporter of {d['node']} answers again"),
+    Kind("health.fault", level="warn", audit="health.fault", result=lambda d: d["action"],
+         say=lambda d: f"attempt {d['attempt']}: {d['summary']}; {_ACTIONS[d['action']]}"),
+    Kind("health.stacks", say=lambda d: f"stacks of attempt {d['attempt']}: {d['summary']}"
+                                        + (f" (saved in {d['directory']})" if d.get("directory") else "")),
+    Kind("health.recovered", audit="health.recovered", say=lambda d: (
+        f"attempt {d['attempt']} recovered from the {d['fault']}: first step {d['first_step']} "
+        f"{d['recover_seconds']:g}s after the fault (detected in {d['detect_seconds']:g}s; "
+        f"{d['steps_lost'] if d.get('steps_lost') is not None else 'unknown'} step(s) lost)")),
+    Kind("node.replaced", audit="node.replace", say=lambda d: f"{d['node']} replaced by a fresh node in "
+                                                              f"{d['seconds']:g}s ({d['reason']})"),
+    Kind("node.retired", level="warn", audit="node.retire", say=lambda d: f"{d['node']} faulted twice: retired for "
+                                                                          "good, the run goes on without it"),
+    Kind("node.drained", audit="node.drain", say=lambda d: f"{d['node']} drained through Ray ({d['reason']})"
+         + (f"; host {d['host_denied']} denied for the rest of the run" if d.get("host_denied") else "")),
+    Kind("node.remedy_failed", level="warn", audit="node.remedy", result=lambda d: f"error: {d['error']}",
+         say=lambda d: f"could not take {d['node']} out of the next attempt: {d['error']}"),
     # the run
+    Kind("run.placed"),
     Kind("run.stop_requested", audit="run.stop"),
     Kind("run.deadline"),
     Kind("run.finished", audit="run.finish", result=lambda d: d["state"]),
@@ -100,7 +135,10 @@ _NOT_RECORDED = {"entrypoint"}
 
 def _apply(record: RunRecord, kind: str, at: float, d: Details) -> None:
     """What an event changes in the run record (besides being listed in record.events)."""
-    if kind == "cluster.up":
+    if kind == "run.placed":
+        record.address = d.get("address", record.address)
+        record.cluster, record.cluster_kept = d.get("cluster"), bool(d.get("kept"))
+    elif kind == "cluster.up":
         record.address = d.get("address", record.address)
     elif kind == "attempt.submitted":
         if record.attempt(d["attempt"]) is None:
@@ -117,6 +155,8 @@ def _apply(record: RunRecord, kind: str, at: float, d: Details) -> None:
         record.state = "RETRYING"
     elif kind == "run.deadline":
         record.reason = d["why"]
+    elif kind == "node.drained" and d.get("host_denied") and d["host_denied"] not in record.denied_hosts:
+        record.denied_hosts.append(d["host_denied"])
     elif kind == "run.finished":
         record.state = d["state"]
         record.reason = d.get("reason")

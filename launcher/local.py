@@ -171,6 +171,8 @@ class LocalCluster:
         self._nodes: list[NodePlan] = []
         self._defer_exporters = defer_exporters
         self._exporters_started = False
+        self._removed: set[str] = set()  # nodes taken out on purpose (replaced or retired): not "lost"
+        self._generation: dict[str, int] = {}  # how many times a node was replaced (its temp dir's suffix)
 
     @classmethod
     def adopt(cls, record: ClusterRecord, journal: Journal, cancel: threading.Event | None = None) -> LocalCluster:
@@ -220,6 +222,8 @@ class LocalCluster:
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(token_path),
             "RAY_USAGE_STATS_ENABLED": "0",
+            # Stacks of a hung job through the dashboard's py-spy endpoint (off by default in recent Ray).
+            "RAY_DASHBOARD_ENABLE_PROFILING": "1",
             # `python` in an entrypoint is this environment's Python, the one that has Ray.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             wire.ENV_CLUSTER_TAG: self.record.tag,
@@ -281,6 +285,86 @@ class LocalCluster:
         self.record.save()
         if not self._defer_exporters:
             self.start_exporters()
+
+    # --- nodes that fail ------------------------------------------------------------------------
+
+    def dead_nodes(self) -> list[str]:
+        """Nodes whose `ray start --block` process exited without the launcher asking."""
+        return sorted(ref.node for process, ref in self._processes
+                      if ref.role != "exporter" and process.poll() is not None and ref.node not in self._removed)
+
+    def replace_node(self, name: str) -> float:
+        """Stop a worker node (its Ray processes and exporter) and start a fresh one with the same
+        group spec, labels and exporter ports, with healthy (simulated) GPUs; returns the seconds it
+        took. Raises ClusterError when the fresh node does not come up."""
+        started = time.monotonic()
+        node = self._worker(name)
+        self._stop_node(name)
+        self._reset_gpus(node)
+        generation = self._generation[name] = self._generation.get(name, 0) + 1
+        token_path = Path(self.record.token_path)
+        temp = Path(self.record.temp_dir)
+        index = self._nodes.index(node)
+        since = time.time() - 1  # the fresh node registers after this; the dead one's entry stays, DEAD
+        process = self._spawn([_ray_cli(), *node.args, "--temp-dir", str(temp / f"w{index}r{generation}")],
+                              self._environment(token_path, node), temp / f"{name}.log", node.role, name)
+        self._removed.discard(name)
+        dashboard = RayDashboard(self.record.address, token_path.read_text().strip())
+        port = str(node.exporter.port)
+
+        def fresh_alive() -> bool:
+            reply = dashboard.get_json("/api/v0/nodes?detail=1&limit=1000", timeout=2.0)
+            return any(item.get("state") == "ALIVE" and (item.get("labels") or {}).get(wire.NODE_LABEL_EXPORTER_PORT)
+                       == port and (item.get("start_time_ms") or 0) / 1000 >= since
+                       for item in reply["data"]["result"]["result"])
+
+        self._wait(fresh_alive, {name: process}, temp, f"the fresh {name} to be alive")
+        if self._exporters_started:
+            self._spawn(node.exporter.command(), self._environment(token_path, node),
+                        temp / f"exporter-{name}.log", "exporter", name)
+        return time.monotonic() - started
+
+    def retire_node(self, name: str) -> None:
+        """Stop a worker node for good: the run goes on without it."""
+        self._worker(name)
+        self._stop_node(name)
+
+    def _worker(self, name: str) -> NodePlan:
+        node = next((node for node in self._nodes if node.name == name), None)
+        if node is None or node.role != "worker" or self.record is None:
+            raise ClusterError(f"{name} is not a worker node of cluster {self.name}; only workers are replaced")
+        return node
+
+    def _stop_node(self, name: str) -> None:
+        """SIGTERM the node's processes and its exporter, then SIGKILL what is left of them."""
+        self._removed.add(name)
+        mine = [(process, ref) for process, ref in self._processes if ref.node == name]
+        family: dict[int, psutil.Process] = {}
+        for process, _ in mine:
+            with contextlib.suppress(psutil.Error):
+                parent = psutil.Process(process.pid)
+                family[parent.pid] = parent
+                family.update((child.pid, child) for child in parent.children(recursive=True))
+            with contextlib.suppress(OSError):
+                process.terminate()
+        _, alive = psutil.wait_procs(list(family.values()), timeout=STOP_GRACE_S)
+        for leftover in alive:
+            with contextlib.suppress(psutil.Error):
+                leftover.kill()
+        for process, _ in mine:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(1)
+        self._processes = [(process, ref) for process, ref in self._processes if ref.node != name]
+        self.record.processes = [ref for ref in self.record.processes if ref.node != name]
+        self.record.save()
+
+    @staticmethod
+    def _reset_gpus(node: NodePlan) -> None:
+        """A replaced node comes with healthy GPUs: its own fault-injection file starts empty (a file
+        the user shares between nodes is theirs, and left alone)."""
+        control = node.exporter.gpu_control
+        if control and control != os.environ.get(wire.ENV_GPU_CONTROL_FILE):
+            Path(control).unlink(missing_ok=True)
 
     def start_exporters(self) -> None:
         """One exporter per node, not awaited: nothing waits for metrics, and on a small machine

@@ -7,14 +7,19 @@ capped) up to max_retries; a stop or a deadline ends the run without retry. Ever
 the raypulse.* metadata that the exporter turns into job labels. Every change is an event of the
 run's journal (launcher/journal.py), which keeps the record, the audit log, the trace and the
 display in step.
+
+With a health policy (launcher/healing.py) the run is watched while it runs: a hang, a GPU fault, a
+lost node or a non-finite loss stops the attempt, and the next one starts on a healthy node from
+the last checkpoint; every restart counts against max_retries, and a run that keeps failing the
+same way stops (REPEATED_FAILURE) instead of spending its retries.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from exporter import wire
 from launcher.errors import BadInput, InfraError
@@ -23,6 +28,10 @@ from launcher.jobs import TERMINAL, ClusterLost, JobsClient
 from launcher.journal import Journal
 from launcher.spec import JobSpec
 from launcher.state import AttemptRecord, RunRecord, request_stop, stop_requested
+
+if TYPE_CHECKING:
+    from launcher.healing import Healing
+    from launcher.health.faults import Fault
 
 POLL_S = 0.25
 LOST_AFTER_S = 30.0  # the Jobs API failing this long means the cluster is gone
@@ -51,10 +60,11 @@ def job_metadata(spec: JobSpec, attempt: int, trace_id: str | None = None) -> di
     return metadata
 
 
-def runtime_env(spec: JobSpec, attempt: int | None = None, trace_parent: str | None = None) -> dict[str, Any]:
+def runtime_env(spec: JobSpec, attempt: int | None = None, trace_parent: str | None = None,
+                extra: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Ray's runtime_env of an attempt. Its processes also get RAYPULSE_RUN_ID and RAYPULSE_ATTEMPT,
-    so training code can tell a retry (and, say, resume from its last checkpoint), and in a traced
-    run TRACEPARENT (W3C), so the job's own spans can join the attempt's."""
+    so training code can tell a retry, `extra` (the checkpoint dir and where to resume from), and in
+    a traced run TRACEPARENT (W3C), so the job's own spans can join the attempt's."""
     env: dict[str, Any] = {}
     if spec.working_dir:
         env["working_dir"] = spec.working_dir
@@ -63,6 +73,7 @@ def runtime_env(spec: JobSpec, attempt: int | None = None, trace_parent: str | N
     env_vars = dict(spec.runtime_env.env_vars)
     if attempt is not None:
         env_vars.update({wire.ENV_RUN_ID: spec.run_id or "", wire.ENV_ATTEMPT: str(attempt)})
+    env_vars.update(extra or {})
     if trace_parent:
         env_vars["TRACEPARENT"] = trace_parent
     if env_vars:
@@ -94,13 +105,21 @@ def update_attempt(record: RunRecord, attempt: int, details: Any) -> AttemptReco
     return item
 
 
-def finish_run(journal: Journal, state: str, reason: str | None) -> RunRecord:
+def finish_run(journal: Journal, state: str, reason: str | None, **details: Any) -> RunRecord:
     """Give the run its final state and exit code (one event: the record, the audit line, the trace)."""
     record = journal.record
     assert record is not None, "only the process that owns a run's record finishes it"
     journal.emit("run.finished", state=state, reason=reason, attempts=len(record.attempts),
-                 exit_code=int(FINAL_STATES[state]))
+                 exit_code=int(FINAL_STATES[state]), **details)
     return record
+
+
+def job_view(details: Any) -> dict[str, Any]:
+    """What the stacks need of Ray's JobDetails: the Ray job id and the driver."""
+    driver = getattr(details, "driver_info", None)
+    return {"job_id": getattr(details, "job_id", None),
+            "driver": {"pid": getattr(driver, "pid", None), "node_ip_address": getattr(driver, "node_ip_address", None)}
+            if driver is not None else None}
 
 
 class _LogTail:
@@ -132,7 +151,8 @@ class Run:
     `wait()` follows it to the end, retrying; `stop()` may be called from any thread."""
 
     def __init__(self, spec: JobSpec, client: JobsClient, journal: Journal, cancel: threading.Event,
-                 follow_logs: bool = True, on_running: Callable[[], None] | None = None) -> None:
+                 follow_logs: bool = True, on_running: Callable[[], None] | None = None,
+                 healing: Healing | None = None) -> None:
         assert journal.record is not None
         self.spec = spec
         self.client = client
@@ -144,6 +164,7 @@ class Run:
         # Called once, when the first attempt runs (or has waited EXPORTERS_AFTER_S, or ended):
         # the local backend starts its exporters then, off the path to a running job.
         self._on_running = on_running
+        self.healing = healing
         self.current = 0
         self._attempt_started = self.record.created_at
 
@@ -177,9 +198,10 @@ class Run:
         self._attempt_started = time.time() if attempt > 1 else self.record.created_at
         self.journal.emit("attempt.submitting", attempt=attempt, submission_id=sid)
         if self.client.details(sid) is None:  # status first, also for retries
+            extra = self.healing.attempt_env(attempt) if self.healing is not None else {}
             try:
                 self.client.submit(sid, self.spec.entrypoint,
-                                   runtime_env(self.spec, attempt, self.journal.traceparent()),
+                                   runtime_env(self.spec, attempt, self.journal.traceparent(), extra),
                                    job_metadata(self.spec, attempt, self.journal.run_trace.trace_id))
             except RuntimeError as exc:
                 self.journal.emit("attempt.submit_failed", attempt=attempt, submission_id=sid, error=str(exc))
@@ -188,6 +210,8 @@ class Run:
                 raise InfraError(f"submitting attempt {attempt} failed: {exc}") from None
         self.journal.emit("attempt.submitted", attempt=attempt, submission_id=sid, address=self.client.address,
                           entrypoint=self.spec.entrypoint)
+        if self.healing is not None:
+            self.healing.watch(attempt, sid)
 
     # --- following -----------------------------------------------------------------------------
 
@@ -200,17 +224,53 @@ class Run:
         """Follow attempts until the run is final; returns the final record (exit_code set)."""
         while True:
             outcome = self._follow(self.current)
-            if outcome == "FAILED" and self.current < self.spec.max_attempts:
-                delay = backoff_seconds(self.spec, self.current)
-                self.journal.emit("retry.scheduled", attempt=self.current, delay=delay)
-                interrupted = self._sleep(delay)
-                if interrupted:
-                    return self._finish(interrupted, "stopped during the backoff before a retry")
-                self._submit(self.current + 1)
-                continue
             attempt = self.record.attempt(self.current)
-            reason = attempt.message if outcome == "FAILED" and attempt is not None else None
-            return self._finish(outcome, reason)
+            retries_left = self.current < self.spec.max_attempts
+            fault = self._fault_of(outcome, retries_left)
+            if fault is not None:
+                final = self._heal(fault, retries_left)
+                if final is not None:
+                    return final
+            elif outcome == "FAILED" and retries_left:
+                repeated = self.healing.repeated(None, attempt) if self.healing is not None else None
+                if repeated:
+                    return self._finish("REPEATED_FAILURE", f"{repeated}: retrying would not help")
+            else:
+                reason = attempt.message if outcome == "FAILED" and attempt is not None else None
+                return self._finish(outcome, reason)
+            delay = backoff_seconds(self.spec, self.current)
+            self.journal.emit("retry.scheduled", attempt=self.current, delay=delay,
+                              cause=fault.kind.value if fault is not None else "failed")
+            interrupted = self._sleep(delay)
+            if interrupted:
+                return self._finish(interrupted, "stopped during the backoff before a retry")
+            self._submit(self.current + 1)
+
+    def _fault_of(self, outcome: str, retries_left: bool) -> Fault | None:
+        """The fault behind an attempt's end: the one the watcher stopped it for, or a lost node or a
+        faulty GPU under an attempt that failed on its own (worth healing only if a retry follows)."""
+        if self.healing is None:
+            return None
+        if outcome == "UNHEALTHY":
+            return self.healing.stopped_by
+        if outcome == "FAILED" and retries_left:
+            return self.healing.fault_after_failure()
+        return None
+
+    def _heal(self, fault: Fault, retries_left: bool) -> RunRecord | None:
+        """Act on a fault between attempts; the final record when the run ends here, None to retry."""
+        assert self.healing is not None
+        action = self.healing.policy.action(fault.kind)
+        if action == "stop":
+            return self._finish("UNHEALTHY", f"{fault.summary}; health.on_{fault.kind.value} is stop")
+        if not retries_left:
+            return self._finish("UNHEALTHY", f"{fault.summary}; no retries left (max_retries "
+                                             f"{self.spec.max_retries})")
+        repeated = self.healing.repeated(fault, None)
+        if repeated:
+            return self._finish("REPEATED_FAILURE", f"{repeated}: retrying would not help")
+        self.healing.remedy_node(fault)
+        return None
 
     def _sleep(self, seconds: float) -> str | None:
         """Sleep unless stopped or past the active deadline; returns the final state that cut it short."""
@@ -260,6 +320,12 @@ class Run:
                 status = self._observe(attempt, details, time.monotonic() - followed)
                 if status in TERMINAL:
                     return ending, status
+                if ending is None and self.healing is not None and status == "RUNNING":
+                    fault = self.healing.check(job_view(details))
+                    if fault is not None:
+                        ending = "UNHEALTHY"
+                        self._stop_attempt(attempt, sid, ending)
+                        stop_sent_at = time.monotonic()
             if ending is not None and time.monotonic() - stop_sent_at > STOP_WAIT_S:
                 return ending, status  # Ray did not confirm the stop in time; the run ends as we decided anyway
             if ending is None:
@@ -273,13 +339,17 @@ class Run:
         status = details.status.value
         if status == "RUNNING" and record.running_at is None:
             self.journal.emit("attempt.running", attempt=attempt, submission_id=record.submission_id)
+            if self.healing is not None:
+                self.healing.running(time.time())
         if self._on_running and (status != "PENDING" or followed_for > EXPORTERS_AFTER_S):
             self._on_running()
             self._on_running = None
         return status
 
     def _stop_attempt(self, attempt: int, sid: str, ending: str) -> None:
-        why = {"STOPPED": "stop requested", "DEADLINE_EXCEEDED": self.record.reason}.get(ending, ending)
+        why = {"STOPPED": "stop requested", "DEADLINE_EXCEEDED": self.record.reason,
+               "UNHEALTHY": self.healing.stopped_by.summary if self.healing and self.healing.stopped_by else None,
+               }.get(ending) or ending
         self.journal.emit("attempt.stopping", attempt=attempt, submission_id=sid, reason=ending, why=why)
         self.client.stop(sid)
 
@@ -316,7 +386,9 @@ class Run:
 
     def _finish(self, state: str, reason: str | None) -> RunRecord:
         # A deadline's reason was set when it passed (which one, how long).
-        return finish_run(self.journal, state, self.record.reason if state == "DEADLINE_EXCEEDED" else reason)
+        ratio = self.healing.effective_training_ratio() if self.healing is not None else None
+        return finish_run(self.journal, state, self.record.reason if state == "DEADLINE_EXCEEDED" else reason,
+                          effective_training_ratio=ratio)
 
     def finish_with(self, code: ExitCode, reason: str) -> RunRecord:
         """End the run for a reason outside the job (the cluster was lost)."""

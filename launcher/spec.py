@@ -28,6 +28,7 @@ from exporter import strict, wire
 from exporter.strict import Strict
 from launcher.entrypoint import EntrypointError, validate_entrypoint
 from launcher.errors import BadInput
+from launcher.health.policy import HealthPolicy
 
 # Kubernetes DNS-1035 label (KubeRay's rule for RayJob names): names travel into RayJob, pod and
 # service names and into Ray submission ids.
@@ -163,7 +164,8 @@ class JobSpec(_Strict):
     runtime_env: RuntimeEnv = Field(default_factory=RuntimeEnv)
     head: HeadSpec = Field(default_factory=HeadSpec)
     worker_groups: list[WorkerGroup] = Field(default_factory=lambda: [WorkerGroup()])
-    max_retries: int = Field(0, ge=0, le=100, description="failed attempts retried as new attempts")
+    max_retries: int = Field(3, ge=0, le=100, description="new attempts after a failed or unhealthy one (one "
+                             "budget for both); a run failing the same way twice stops early")
     retry_backoff_seconds: float = Field(10, ge=0, description="wait before the first retry; doubles each time")
     retry_backoff_max_seconds: float = Field(300, ge=0, description="longest wait between attempts")
     active_deadline_seconds: int | None = Field(None, ge=1, description="stop the job after this long overall")
@@ -188,6 +190,10 @@ class JobSpec(_Strict):
     exporter_image: str | None = Field(None, description="exporter sidecar image (default: image)")
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP base URL the run's trace goes to (/v1/traces is "
                                       "added); unset: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, else no tracing")
+    health: HealthPolicy = Field(default_factory=HealthPolicy)
+    checkpoint_dir: str | None = Field(None, description="where the run's checkpoints go, kept across attempts "
+                                       "(RAYPULSE_CHECKPOINT_DIR); local clusters: a directory under the run's "
+                                       "record by default; existing clusters: a path every node reaches, or a URI")
 
     @field_validator("name")
     @classmethod
@@ -257,11 +263,13 @@ class JobSpec(_Strict):
         backend = self.resolved_backend
         only = {"address": ("existing",), "cluster": ("existing",), "token_path": ("existing",),
                 "keep_cluster": ("local", "kuberay"), "simulate_gpus": ("local",), "queue": ("kuberay",),
-                "exporter_image": ("kuberay",), "otlp_endpoint": ("local", "existing")}
+                "exporter_image": ("kuberay",), "otlp_endpoint": ("local", "existing"),
+                "checkpoint_dir": ("local", "existing")}
         for field, backends in only.items():
             if getattr(self, field) not in (None, False) and backend not in backends:
                 raise ValueError(f"{field}: applies to backend {' or '.join(backends)} only; this job's backend "
                                  f"is {backend}")
+        self._check_health(backend)
         if self.address and self.cluster:
             raise ValueError("address: give either address or cluster, not both")
         if backend == "existing" and not (self.address or self.cluster):
@@ -273,6 +281,24 @@ class JobSpec(_Strict):
         if self.address and not re.match(r"^https?://[^/\s]+/?$", self.address):
             raise ValueError(f"address: {self.address!r} is not a dashboard URL like http://head:8265")
         return self
+
+    def _check_health(self, backend: Backend) -> None:
+        """A health policy that cannot work is refused before anything starts."""
+        if self.health.model_fields_set and backend == "kuberay":
+            raise ValueError("health: the launcher's watcher follows local and existing clusters; on KubeRay, "
+                             "backoffLimit (max_retries) restarts failed jobs (see docs/healing.md)")
+        if not self.health.enabled:
+            return
+        problem = self.health.threshold_problem()
+        if problem:
+            raise ValueError(problem)
+        restarts = self.health.explicit_restarts()
+        if restarts and self.max_retries == 0:
+            raise ValueError(f"health.{restarts[0]}: restart needs retries to spend, and max_retries is 0; set "
+                             "max_retries (every restart counts against it) or choose stop or report")
+        if self.checkpoint_dir and "://" not in self.checkpoint_dir and not self.checkpoint_dir.startswith("/"):
+            raise ValueError(f"checkpoint_dir: {self.checkpoint_dir!r} must be an absolute path every node can "
+                             "reach, or a URI (s3://, gs://, ...)")
 
     @property
     def resolved_backend(self) -> Backend:

@@ -105,6 +105,12 @@ class AttemptRecord(BaseModel):
     submitted_at: float | None = None
     running_at: float | None = None
     ended_at: float | None = None
+    # Training progress as the health watcher saw it (jobs that report through exporter.progress).
+    resumed_from_step: int | None = None  # the checkpoint step it was given to resume from
+    first_step: int | None = None
+    first_step_at: float | None = None
+    last_step: int | None = None
+    last_progress_at: float | None = None
 
 
 class EventRecord(BaseModel):
@@ -126,6 +132,8 @@ class RunRecord(BaseModel):
     address: str | None = None  # where its attempts were submitted
     cluster: str | None = None  # the local cluster it ran on
     cluster_kept: bool = False
+    checkpoint_dir: str | None = None  # RAYPULSE_CHECKPOINT_DIR of every attempt
+    denied_hosts: list[str] = Field(default_factory=list)  # hosts kept out for good (existing clusters)
     max_attempts: int = 1
     pid: int | None = None  # the launcher process that supervises the run
     state: str = "STARTING"  # STARTING, PENDING, RUNNING, RETRYING, or a final state (exitcodes.FINAL_STATES)

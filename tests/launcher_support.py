@@ -5,10 +5,12 @@ Tests that start Ray run under `flock /tmp/raypulse-ray.lock` (see README)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,8 @@ def free_base(nodes: int) -> tuple[int, int]:
 def env_for(home: Path, **extra: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items()
            if key not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
-    return {**env, "RAYPULSE_HOME": str(home), **extra}
+    # HOME too: the launcher reads ~/.ray/auth_token as Ray does, and a test must not find a stray one.
+    return {**env, "RAYPULSE_HOME": str(home), "HOME": str(home), **extra}
 
 
 def launcher(*args: str, home: Path, timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
@@ -103,3 +106,17 @@ def kind(process: psutil.Process) -> str:
     if name.startswith("ray::") or line.startswith("ray::"):
         return "ray::"
     return "dashboard" if "dashboard" in line else "other"
+
+
+@contextlib.contextmanager
+def kept_cluster(name: str, home: Path, workers: int = 1) -> Iterator[dict[str, Any]]:
+    """`launcher up` a local cluster (head + workers) for a module's tests; `launcher down` after, with
+    nothing of it left running."""
+    exporter_port, progress_port = free_base(1 + workers)
+    result = launcher("up", "--name", name, "--workers", str(workers), "--exporter-port", str(exporter_port),
+                      "--progress-port", str(progress_port), home=home)
+    assert result.returncode == 0, result.stderr
+    yield json.loads((home / "clusters" / name / "cluster.json").read_text())
+    result = launcher("down", name, home=home)
+    assert result.returncode == 0, result.stderr
+    assert not cluster_processes(name), describe(cluster_processes(name))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter import wire
+from scripts.ports import free_port_range
 from tests.conftest import (
     REPO,
     RunningExporter,
@@ -38,6 +39,7 @@ FAST = {f"{wire.ENV_EXPORTER_PREFIX}COLLECTORS__{name.upper()}__INTERVAL_SECONDS
         for name, seconds in (("ray", "1"), ("ray_head", "1"), ("ray_processes", "1"), ("train", "0.5"), ("gpu", "1"))}
 
 RAY = str(Path(sys.executable).with_name("ray"))
+NODE_PORTS = 50  # a node's exporter and progress ports, Ray's 7 fixed ones, the head's client port, 41 for workers
 
 
 @dataclass
@@ -74,19 +76,21 @@ class RayCluster:
         subprocess.run([RAY, "start", *node.args], env=self.env(node), check=True, capture_output=True, timeout=120)
 
     def add_node(self, *, head: bool, num_cpus: int, exporter_port: int | None = None) -> RayNode:
-        node = RayNode(exporter_port or free_port(), free_port(), head)
+        # Every port of the node from one free block below the ephemeral range: ports picked one by one
+        # by binding to 0 can be handed to some client socket before Ray binds them.
+        base = free_port_range(NODE_PORTS)
+        node = RayNode(exporter_port or base, base + 1, head)
         common = ["--num-cpus", str(num_cpus), "--object-store-memory", str(80 * 1024 * 1024),
                   "--labels", f"raypulse.io/exporter-port={node.exporter_port}", "--disable-usage-stats",
                   "--node-ip-address", "127.0.0.1",
-                  "--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
-                  "--runtime-env-agent-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-                  "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(free_port())]
-        worker_ports = free_port()
-        common += ["--min-worker-port", str(worker_ports), "--max-worker-port", str(worker_ports + 40)]
+                  "--node-manager-port", str(base + 2), "--object-manager-port", str(base + 3),
+                  "--runtime-env-agent-port", str(base + 4), "--dashboard-agent-grpc-port", str(base + 5),
+                  "--dashboard-agent-listen-port", str(base + 6), "--metrics-export-port", str(base + 7),
+                  "--min-worker-port", str(base + 9), "--max-worker-port", str(base + NODE_PORTS - 1)]
         if head:
             node.args = ["--head", "--temp-dir", str(self.temp_dir), "--port", str(self.gcs_port),
                          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
-                         "--include-dashboard", "true", "--ray-client-server-port", str(free_port()), *common]
+                         "--include-dashboard", "true", "--ray-client-server-port", str(base + 8), *common]
         else:
             node.args = ["--address", f"127.0.0.1:{self.gcs_port}", *common]
         self.nodes.append(node)
@@ -178,8 +182,8 @@ class RayCluster:
 
 def start_cluster(temp_dir: Path, *, worker_cpus: tuple[int, ...] = (2,), head_cpus: int = 1) -> RayCluster:
     """A head and one worker per entry of `worker_cpus`; waits until all are alive."""
-    cluster = RayCluster(temp_dir=temp_dir, token=secrets.token_hex(16), gcs_port=free_port(),
-                         dashboard_port=free_port())
+    ports = free_port_range(2)
+    cluster = RayCluster(temp_dir=temp_dir, token=secrets.token_hex(16), gcs_port=ports, dashboard_port=ports + 1)
     try:
         cluster.add_node(head=True, num_cpus=head_cpus)
         for cpus in worker_cpus:

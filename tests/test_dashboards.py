@@ -32,7 +32,7 @@ COUNTERS_SHOWN_AS_TOTALS = {
     "raypulse_gpu_pcie_replay_rollovers_total", "raypulse_gpu_pcie_l0_to_recovery_total",
     "raypulse_gpu_pcie_errors_total", "raypulse_gpu_event_watcher_errors_total",
     "raypulse_train_nonfinite_values_total", "raypulse_train_checkpoints_total",
-    "raypulse_train_client_dropped_reports_total",
+    "raypulse_train_client_dropped_reports_total", "raypulse_run_recoveries_total", "raypulse_run_steps_lost_total",
 }
 COUNTER_FUNCTIONS = ("rate", "irate", "increase", "changes", "resets")
 

@@ -70,8 +70,10 @@ NOT_ON_THIS_HOST = {
 }
 
 # The staged job: two GPU actors in a placement group that register their processes with the
-# GPU simulator (as CUDA would make them appear in NVML), report progress with one NaN loss and
-# checkpoints; attempt 1 fails at step 5, attempt 2 runs until the stop file appears.
+# GPU simulator (as CUDA would make them appear in NVML), print, report progress and timed
+# checkpoints; attempt 1 fails at step 5, attempt 2 reports a NaN loss at step 3 (the launcher's
+# health watcher stops it and heals the run: the Healing panels), attempt 3 runs until the stop file
+# appears.
 JOB = r'''
 import json, math, os, sys, time
 from pathlib import Path
@@ -94,16 +96,18 @@ class Trainer:
         process = control.Process(pid=os.getpid(), memory_bytes=(20 + rank) << 30, sm_utilization=0.8,
                                   name="ray::Trainer")
         control.update(path, lambda c: control.gpu_entry(c, gpu).processes.append(process))
+        print(f"trainer {rank} on GPU {gpu}", flush=True)  # the workers' output: the output panels
 
     def train(self, fail_at, stop_file):
         loss = 4.0
         for step in range(1, 100_000):
             time.sleep(0.2)
             loss *= 0.97
-            progress.report(step, loss=math.nan if step == 3 else loss, samples=64, tokens=8192,
+            progress.report(step, loss=math.nan if step == 3 and attempt == 2 else loss, samples=64, tokens=8192,
                             learning_rate=1e-3, grad_norm=1.5, rank=self.rank)
             if step % 5 == 0:
-                progress.checkpoint_saved(step, rank=self.rank)
+                progress.checkpoint_saved(step, rank=self.rank, seconds=0.05)
+                print(f"trainer {self.rank} step {step}", flush=True)
             if step == fail_at:
                 raise RuntimeError("simulated failure")
             if os.path.exists(stop_file):
@@ -211,7 +215,10 @@ def scenario() -> Iterator[Scenario]:
                 "name": "dash-live", "entrypoint": f"python job.py {stop_file}", "working_dir": str(work),
                 "worker_groups": [{"name": "gpu", "count": 1, "cpus": 2, "gpus": 3},
                                   {"name": "spare", "count": 1, "cpus": 1}],
-                "simulate_gpus": True, "max_retries": 1, "retry_backoff_seconds": 1,
+                "simulate_gpus": True, "max_retries": 2, "retry_backoff_seconds": 1,
+                # The NaN heals; the staged GPU faults and the killed spare node are only reported.
+                "health": {"check_interval_seconds": 1, "on_gpu_fault": "report", "on_node_lost": "report",
+                           "on_hang": "report"},
                 "labels": {"team": "ml"}, "exporter_port": free_port(), "progress_port": free_port(),
             })
             supervisor = threading.Thread(target=handle.wait, daemon=True)  # runs the retry
@@ -228,12 +235,14 @@ def scenario() -> Iterator[Scenario]:
             wait_for(url, "raypulse_gpu_nvml_init_failures_total", "the V100 exporter's failed NVML init")
             control.update(v100_control, lambda c: setattr(c, "init_error", None))
             run = handle.run_id
-            wait_for(url, f'raypulse_job_state{{submission_id="{run}-a2", state="RUNNING"}} == 1', "attempt 2 running",
+            wait_for(url, f'raypulse_job_state{{submission_id="{run}-a3", state="RUNNING"}} == 1', "attempt 3 running",
                      timeout=240)
-            wait_for(url, f'raypulse_job_gpu_processes{{submission_id="{run}-a2"}}', "the actors on the GPUs")
+            wait_for(url, f'raypulse_job_gpu_processes{{submission_id="{run}-a3"}}', "the actors on the GPUs")
             stage_gpu_faults(gpus)
             submit_pending_job(record.address, Path(record.token_path).read_text().strip())
-            for promql in (f'raypulse_train_checkpoint_step{{submission_id="{run}-a2"}}', "raypulse_job_error_info",
+            for promql in (f'raypulse_train_checkpoint_step{{submission_id="{run}-a3"}}', "raypulse_job_error_info",
+                           f'raypulse_run_recoveries_total{{run_id="{run}"}}',
+                           "raypulse_job_output_last_write_time_seconds",
                            'raypulse_gpu_xid_errors_total{xid="94"}', "raypulse_gpu_mig_dram_active_ratio",
                            'raypulse_gpu_clock_event_active{reason="hw_thermal_slowdown"} == 1',
                            "raypulse_gpu_nvml_errors_total", 'raypulse_gpu_nvml_up{node="sim-v100"} == 1',

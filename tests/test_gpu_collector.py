@@ -318,7 +318,8 @@ def _identity(snapshot: Snapshot, uuid: str) -> dict[str, str]:
 
 
 def test_not_supported_calls_are_omitted_and_not_asked_again_until_the_static_refresh(rig, monkeypatch):
-    gpus = rig(count=2, static_refresh_seconds=0.5)
+    now = [0.0]  # the collector's clock: the static refresh comes when the test says, not when the machine does
+    gpus = rig(count=2, static_refresh_seconds=0.5, clock=lambda: now[0])
     gpus.change(lambda d: gpus.gpu(0)(d).not_supported.extend(["nvmlDeviceGetPowerUsage", "NVML_FI_DEV_MEMORY_TEMP"]))
     asked: list[int] = []
     real = gpus.nvml.nvmlDeviceGetPowerUsage
@@ -339,7 +340,7 @@ def test_not_supported_calls_are_omitted_and_not_asked_again_until_the_static_re
     assert snapshot.value(health.ERRORS, call="nvmlDeviceGetPowerUsage", error="not_supported") is None
 
     gpus.change(lambda d: gpus.gpu(0)(d).not_supported.clear())
-    time.sleep(0.5)  # past the static refresh, which asks again
+    now[0] = 1.0  # past the static refresh, which asks again
     snapshot = gpus.run()
     assert gpus.value(snapshot, power.USAGE, 0) > 0
     assert gpus.value(snapshot, health.CALL_UNSUPPORTED, 0, call="nvmlDeviceGetPowerUsage") is None

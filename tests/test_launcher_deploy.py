@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -22,9 +23,10 @@ import psutil
 import pytest
 
 from exporter import wire
+from exporter.gpusim import control
 from launcher.deploy.raypulse_agent.node import NodeExporter
 from tests.conftest import http_get, wait_until
-from tests.launcher_support import free_port_range, launcher
+from tests.launcher_support import free_port_range, launcher, start_launcher, status_json
 from tests.ray_testcluster import RAY, RayCluster, RayNode, start_prometheus, stop_process
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
@@ -41,7 +43,12 @@ class PlainCluster(RayCluster):
         env = super().env()
         env.pop("PYTHONPATH", None)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # `python` of the job driver
+        if node is not None and not node.head:  # each worker's simulated GPU takes faults from its own file
+            env[wire.ENV_GPU_CONTROL_FILE] = str(self.gpu_control(self.nodes.index(node)))
         return env
+
+    def gpu_control(self, index: int) -> Path:
+        return self.temp_dir / f"gpus-{index}.json"
 
     def start_node(self, node: RayNode) -> None:
         # Not from the checkout: Ray workers would find the repo's packages through their cwd.
@@ -64,8 +71,9 @@ class PlainCluster(RayCluster):
             node.args = ["--head", "--temp-dir", str(self.temp_dir), "--port", str(self.gcs_port),
                          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
                          "--include-dashboard", "true", "--ray-client-server-port", str(base + 6), *node.args]
-        else:
-            node.args = ["--address", f"127.0.0.1:{self.gcs_port}", *node.args]
+        else:  # a resource to find the node by, and one the test's job asks for (workers only)
+            resources = json.dumps({f"node{len(self.nodes)}": 1, "worker": 1})
+            node.args = ["--address", f"127.0.0.1:{self.gcs_port}", "--resources", resources, *node.args]
         self.nodes.append(node)
         self.start_node(node)
         return node
@@ -153,7 +161,7 @@ def deployment(tmp_path_factory) -> Iterator[Deployment]:
 def test_a_node_actor_starts_restarts_and_stops_its_exporter(tmp_path: Path):
     # The actor's class without Ray: what runs on each node.
     port = free_port_range(2)
-    node = NodeExporter("n1", "127.0.0.1", port, "worker",
+    node = NodeExporter("ab" * 28, "127.0.0.1", port, "worker",
                         {"dashboard_url": "http://127.0.0.1:1", "cluster": "unit", "start_timeout_s": 30})
     try:
         first = node.ensure()
@@ -175,7 +183,7 @@ def test_a_node_actor_starts_restarts_and_stops_its_exporter(tmp_path: Path):
         blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         blocker.bind(("127.0.0.1", port))
         blocker.listen()
-        taken = NodeExporter("n1", "127.0.0.1", port, "worker",
+        taken = NodeExporter("ab" * 28, "127.0.0.1", port, "worker",
                              {"dashboard_url": "http://127.0.0.1:1", "cluster": "unit", "start_timeout_s": 30})
         try:
             report = taken.ensure()
@@ -288,6 +296,43 @@ def test_prometheus_discovers_and_scrapes_every_node(deployment: Deployment, tmp
         assert len(rules) >= 5  # alerts/rules/*.yaml loaded from their absolute paths
     finally:
         stop_process(process)
+
+
+# One actor on a worker: it says where it runs, then steps for 30 s.
+ON_A_WORKER = ("python -c 'import time, ray\nray.init()\n"
+               "@ray.remote(num_cpus=1, resources={\"worker\": 1})\nclass Trainer:\n"
+               "    def run(self):\n        print(\"node\", ray.get_runtime_context().get_node_id(), flush=True)\n"
+               "        time.sleep(30)\n\nray.get(Trainer.remote().run.remote())'")
+
+
+def test_a_gpu_fault_drains_its_node_and_the_run_goes_on_elsewhere(deployment: Deployment):
+    """The launcher's watcher on an existing cluster: it reads the deployed exporters through the head
+    exporter's /sd, and keeps the faulty node out of the next attempt through Ray's drain API."""
+    process = start_launcher("submit", "--address", deployment.cluster.dashboard_url, "--token-path",
+                             str(deployment.token_path), "--run-id", "drain-1", "--health-check-interval", "1",
+                             "--max-retries", "1", "--retry-backoff", "1", "--", ON_A_WORKER, home=deployment.home)
+
+    def placed(attempt: int) -> str | None:
+        log = deployment.launcher("logs", "drain-1", "--attempt", str(attempt))
+        found = re.search(r"node ([0-9a-f]{56})", log.stdout) if log.returncode == 0 else None
+        return found.group(1) if found else None
+
+    wait_until(lambda: placed(1) is not None, 120, "attempt 1's actor")
+    faulty = placed(1)
+    nodes = deployment.cluster.api("/api/v0/nodes?detail=1&limit=100")["data"]["result"]["result"]
+    index = next(int(name[4:]) for node in nodes if node["node_id"] == faulty
+                 for name in node["resources_total"] if re.fullmatch(r"node\d+", name))
+    control.update(deployment.cluster.gpu_control(index),
+                   lambda document: control.gpu_entry(document, 0).events.append(control.Event(seq=1, type="xid",
+                                                                                               data=79)))
+    assert process.wait(240) == 0, process.stderr.read()
+    record = status_json("drain-1", deployment.home)
+    assert [attempt["status"] for attempt in record["attempts"]] == ["STOPPED", "SUCCEEDED"]
+    [fault] = [event for event in record["events"] if event["kind"] == "health.fault"]
+    assert fault["details"]["summary"].startswith("GPU fault (XID 79 on GPU 0 on ")
+    [drained] = [event for event in record["events"] if event["kind"] == "node.drained"]
+    assert drained["details"]["node_ids"] == [faulty]
+    assert placed(2) not in (None, faulty)  # Ray scheduled nothing new on the drained node
 
 
 def test_remove_leaves_nothing_behind(deployment: Deployment):

@@ -20,7 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import free_port, http_get, wait_until
+from scripts.ports import free_port_range
+from tests.conftest import http_get, wait_until
 from tests.launcher_support import cluster_processes, launcher, status_json
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -40,17 +41,18 @@ def cluster(tmp_path_factory) -> Iterator[ExistingCluster]:
     token_path = tmp_path_factory.mktemp("token") / "token"
     token_path.write_text(token)
     temp = tempfile.mkdtemp(prefix="rpt-")
-    dashboard = free_port()
+    ports = free_port_range(5)  # one block below the ephemeral range (see scripts/ports.py)
+    dashboard = ports
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "RAYPULSE_CLUSTER_TAG": f"existing-{secrets.token_hex(3)}"}
     env.pop("RAY_ADDRESS", None)
     log = (Path(temp) / "head.log").open("wb")
     head = subprocess.Popen(
-        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(free_port()),
+        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(ports + 1),
          "--dashboard-port", str(dashboard), "--dashboard-host", "127.0.0.1", "--ray-client-server-port",
-         str(free_port()), "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port",
-         str(free_port()), "--num-cpus", "1", "--object-store-memory", str(100 * 2**20), "--temp-dir", temp,
+         str(ports + 2), "--dashboard-agent-listen-port", str(ports + 3), "--metrics-export-port",
+         str(ports + 4), "--num-cpus", "1", "--object-store-memory", str(100 * 2**20), "--temp-dir", temp,
          "--disable-usage-stats"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"http://127.0.0.1:{dashboard}"
     auth = {"Authorization": f"Bearer {token}"}

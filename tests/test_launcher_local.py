@@ -27,6 +27,7 @@ from tests.launcher_support import (
     cluster_processes,
     describe,
     free_base,
+    kept_cluster,
     kind,
     launcher,
     live,
@@ -69,15 +70,8 @@ def home(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def kept(home: Path) -> Iterator[dict]:
     """One cluster (head + 1 worker) for the tests that only need somewhere to run jobs."""
-    exporter_port, progress_port = free_base(2)
-    result = launcher("up", "--name", "shared", "--workers", "1", "--exporter-port", str(exporter_port),
-                      "--progress-port", str(progress_port), home=home)
-    assert result.returncode == 0, result.stderr
-    record = json.loads((home / "clusters" / "shared" / "cluster.json").read_text())
-    yield record
-    result = launcher("down", "shared", home=home)
-    assert result.returncode == 0, result.stderr
-    assert not cluster_processes("shared"), describe(cluster_processes("shared"))
+    with kept_cluster("shared", home) as record:
+        yield record
 
 
 def ray_jobs(record: dict) -> list[dict]:

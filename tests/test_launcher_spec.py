@@ -107,6 +107,18 @@ def test_memory_renders_as_kubernetes_quantity():
     ({"entrypoint": "python a.py", "active_deadline_seconds": 0}, "active_deadline_seconds", "greater than"),
     ({"entrypoint": "python a.py\npython b.py"}, "entrypoint", "line 2 (`python b.py`) starts another command"),
     ({}, "entrypoint", "required"),
+    # health policies that cannot work
+    ({"entrypoint": "python a.py", "max_retries": 0, "health": {"on_hang": "restart"}}, "health.on_hang",
+     "restart needs retries to spend, and max_retries is 0"),
+    ({"entrypoint": "python a.py", "health": {"silence_after_seconds": 20}}, "health.silence_after_seconds",
+     "below 3 checks of health.check_interval_seconds (10s)"),
+    ({"entrypoint": "python a.py", "health": {"check_interval_seconds": 0.1}}, "health.check_interval_seconds",
+     "greater than or equal to 0.5"),
+    ({"entrypoint": "python a.py", "health": {"on_hang": "reboot"}}, "health.on_hang", "'restart', 'stop' or 'report'"),
+    ({"entrypoint": "python a.py", "backend": "kuberay", "health": {"on_hang": "stop"}}, "health",
+     "backoffLimit"),
+    ({"entrypoint": "python a.py", "address": "http://h:8265", "checkpoint_dir": "ckpt"}, "checkpoint_dir",
+     "absolute path every node can reach, or a URI"),
 ])
 def test_spec_errors_name_the_field(data, field, words):
     with pytest.raises(SpecError) as error:
@@ -232,6 +244,26 @@ def test_a_missing_working_dir_exit_2(tmp_path: Path):
     result = launcher("submit", "--working-dir", str(tmp_path / "nope"), "--", "python train.py", home=tmp_path)
     assert f"working_dir: {tmp_path / 'nope'} is not a directory" in result.stderr
     assert_nothing_started(tmp_path, result)
+
+
+def test_a_checkpoint_dir_the_nodes_cannot_write_exit_2(tmp_path: Path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    result = launcher("submit", "--checkpoint-dir", str(blocked / "ckpt"), "--", "python train.py", home=tmp_path)
+    assert f"checkpoint_dir: cannot write checkpoints to {blocked / 'ckpt'}" in result.stderr
+    assert_nothing_started(tmp_path, result)
+
+
+def test_health_defaults_follow_the_alert_rules_and_keep_a_long_run_going():
+    from alerts.config import DEFAULT
+
+    spec = build_spec({"entrypoint": "python train.py"})
+    assert spec.health.hang_after_seconds == DEFAULT.tune("RaypulseTrainingStalled").age.seconds
+    assert spec.health.silence_after_seconds == DEFAULT.tune("RaypulseJobDriverLogSilent").age.seconds
+    assert (spec.health.on_hang, spec.health.on_gpu_fault, spec.health.on_node_lost, spec.max_retries) == \
+        ("restart", "restart", "restart", 3)
+    # Turning retries off makes the default restarts stop the run instead (no refusal: nothing asked for them).
+    assert build_spec({"entrypoint": "python train.py", "max_retries": 0}).health.on_hang == "restart"
 
 
 def test_unknown_option_is_a_usage_error_not_part_of_the_command(tmp_path: Path):

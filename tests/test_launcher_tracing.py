@@ -120,7 +120,7 @@ def test_a_bad_endpoint_costs_at_most_the_flush_timeout(endpoint: str):
             AttemptSpan(run_trace, "r", number, f"r-a{number}").end("FAILED")
     started = time.monotonic()
     run_trace.finish("FAILED")
-    assert time.monotonic() - started < FLUSH_TIMEOUT_S + 0.5
+    assert time.monotonic() - started < FLUSH_TIMEOUT_S + 2  # bounded (an unbounded flush would take minutes)
     assert len(warnings) == 1
     assert warnings[0].startswith(f"the run's trace did not all reach {url}/v1/traces")
 
@@ -131,7 +131,7 @@ def test_a_bad_endpoint_costs_at_most_the_flush_timeout(endpoint: str):
 # through Ray's job config, the raypulse.trace_id of its own job metadata.
 RETRIED_JOB = ("echo traceparent=$TRACEPARENT && python -c \"import json, os; print('metadata trace_id=' + "
                "json.loads(os.environ['RAY_JOB_CONFIG_JSON_ENV_VAR'])['metadata']['raypulse.trace_id'])\" "
-               "&& sleep 1 && test $RAYPULSE_ATTEMPT = 2")
+               "&& sleep 4 && test $RAYPULSE_ATTEMPT = 2")  # long enough for the launcher's polls to see it RUNNING
 
 
 @pytest.mark.ray
@@ -202,7 +202,7 @@ def test_a_hanging_endpoint_leaves_the_job_alone(tmp_path: Path):
         assert "Failed to export" not in result.stderr  # not the SDK's, batch after batch
         # The run's end to the process's: the bounded flush and Python's exit, nothing more.
         [finish] = [line for line in audit_actions(tmp_path) if line["action"] == "run.finish"]
-        assert exited - finish["unix_time"] < FLUSH_TIMEOUT_S + 3
+        assert exited - finish["unix_time"] < FLUSH_TIMEOUT_S + 6
         trace_id = status_json("hung-1", tmp_path)["trace_id"]
         assert HEX32.match(trace_id)
         assert finish["trace_id"] == trace_id

@@ -68,6 +68,8 @@ def test_an_exporter_watches_the_raylets_labelled_with_its_port_else_the_unlabel
     assert watched([mine, other, by_hand], 9477) == [mine]
     assert watched([other, by_hand], 9477) == [by_hand]
     assert watched([other], 9477) == []
+    # Told its node (`launcher exporters deploy` does), an exporter watches that raylet only.
+    assert watched([mine, other, by_hand], 9477, node_id=by_hand.node_id) == [by_hand]
 
 
 # -- jobs ---------------------------------------------------------------------------------------

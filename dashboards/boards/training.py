@@ -9,6 +9,7 @@ from dashboards.model import Board, Panel, Row, Target
 from dashboards.selectors import Scope
 
 S = Scope("cluster", "job")
+RUNS = Scope("cluster")  # run-level series (run_id) are not per submission
 JOB = "{{submission_id}}"
 RANK = JOB + " rank {{rank}}"
 PER_JOB = "cluster, submission_id"
@@ -23,15 +24,22 @@ STALLS = Row("Stalls", collapsed=False, panels=(
     Panel("Time since last progress", "s", (
         Target(f"time() - {S('raypulse_train_last_progress_time_seconds')}", RANK),),
         "Per rank: how long ago it last reported a step. A rank that stops reporting while the job runs is "
-        "hung (a stuck collective, a dead data loader).", width=8, min=0,
+        "hung (a stuck collective, a dead data loader).", width=6, min=0,
         thresholds=((None, "green"), (300, "orange"), (600, "red")), links=(to_job(),)),
     Panel("Steps per second", "short", (
         Target(f"deriv({S('raypulse_train_step')}[{RATE}])", RANK),),
-        "How fast each rank's step advances.", width=8, min=0),
+        "How fast each rank's step advances.", width=6, min=0),
     Panel("Ranks reporting", "short", (
         Target(S("raypulse_train_ranks"), JOB + " ranks"),
         Target(f"sum by ({PER_JOB}) ({rate(S('raypulse_train_reports_total'))})", JOB + " reports/s")),
-        "Ranks that report progress, and reports per second over all of them.", width=8, min=0),
+        "Ranks that report progress, and reports per second over all of them.", width=6, min=0),
+    Panel("Time since the job's last output", "s", (
+        Target(f"time() - max by ({PER_JOB}) ({S('raypulse_job_output_last_write_time_seconds')})",
+               JOB + " workers"),
+        Target(f"time() - max by ({PER_JOB}) ({S('raypulse_job_driver_log_last_write_time_seconds')})",
+               JOB + " driver")),
+        "How long ago the job's worker processes (over every node) and its driver last wrote output: for a "
+        "job that reports no progress, the launcher's hang signal.", width=6, min=0),
 ))
 
 THROUGHPUT = Row("Throughput against baseline", collapsed=False, panels=(
@@ -92,15 +100,38 @@ STRAGGLERS = Row("Stragglers", collapsed=False, panels=(
 CHECKPOINTS = Row("Checkpoints", collapsed=False, panels=(
     Panel("Checkpoint age", "s", (
         Target(f"time() - {S('raypulse_train_last_checkpoint_time_seconds')}", RANK),),
-        "Time since each rank last reported a saved checkpoint.", width=8, min=0,
+        "Time since each rank last reported a saved checkpoint.", width=6, min=0,
         thresholds=((None, "green"), (3600, "orange"), (7200, "red"))),
     Panel("Steps since the last checkpoint", "short", (
         Target(f"max by ({PER_JOB}) ({S('raypulse_train_step')}) - on ({PER_JOB}) "
                f"max by ({PER_JOB}) ({S('raypulse_train_checkpoint_step')})", JOB),),
-        "Work a crash now would lose, in steps.", width=8, min=0),
+        "Work a crash now would lose, in steps.", width=6, min=0),
     Panel("Checkpoints saved", "short", (
         Target(f"sum by ({PER_JOB}) ({S('raypulse_train_checkpoints_total')})", JOB),),
-        "Checkpoints reported saved, all ranks.", width=8, min=0),
+        "Checkpoints reported saved, all ranks.", width=6, min=0),
+    Panel("Checkpoint save time", "s", (
+        Target(S("raypulse_train_checkpoint_duration_seconds"), RANK),),
+        "How long each rank's last checkpoint save took (progress.checkpoint() times it).", width=6, min=0),
+))
+
+HEALING = Row("Healing", collapsed=False, panels=(
+    Panel("Faults healed", "short", (
+        Target(f"sum by (cluster, run_id, fault) ({RUNS('raypulse_run_recoveries_total')})",
+               "{{run_id}} {{fault}}"),),
+        "Faults the launcher's health watcher healed in each run (a new attempt from the last checkpoint, on "
+        "a healthy node), by class: hang, gpu_fault, node_lost, nonfinite_loss.", width=6, min=0),
+    Panel("Time to detect and to recover", "s", (
+        Target(RUNS("raypulse_run_detect_seconds"), "{{run_id}} detect"),
+        Target(RUNS("raypulse_run_recover_seconds"), "{{run_id}} recover")),
+        "For each run's latest healed fault: from the fault to its detection, and to the first step of the "
+        "attempt that replaced the faulty one.", width=6, min=0),
+    Panel("Steps lost", "short", (
+        Target(RUNS("raypulse_run_steps_lost_total"), "{{run_id}}"),),
+        "Steps each run redid after its faults (since the checkpoint it resumed from).", width=6, min=0),
+    Panel("Effective training time", "percentunit", (
+        Target(RUNS("raypulse_run_effective_training_ratio"), "{{run_id}}"),),
+        "Share of each run's wall time spent making progress it kept (the platforms we follow promise 90%+).",
+        width=6, min=0, max=1, thresholds=((None, "red"), (0.8, "orange"), (0.9, "green"))),
 ))
 
 REPORTING = Row("Progress reporting", (
@@ -130,5 +161,5 @@ BOARD = Board(
     description="Stalls, throughput against baseline, NaN, loss and gradients, stragglers, checkpoints and "
                 "the training alerts, from what jobs report through exporter.progress.",
     variables=("cluster", "job"), tags=("training",),
-    rows=(STALLS, THROUGHPUT, NUMERICS, STRAGGLERS, CHECKPOINTS, REPORTING, ALERTS),
+    rows=(STALLS, THROUGHPUT, NUMERICS, STRAGGLERS, CHECKPOINTS, HEALING, REPORTING, ALERTS),
 )

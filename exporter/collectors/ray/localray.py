@@ -3,7 +3,8 @@ exporter watches, whether one is the head, and where their dashboard and session
 
 Several raylets can share a host (the launcher's local backend, tests). Each node the launcher
 starts carries the Ray node label wire.NODE_LABEL_EXPORTER_PORT=<port>; an exporter watches the
-raylets labelled with its own port, else every unlabelled raylet (a cluster started by hand).
+raylets labelled with its own port, else every unlabelled raylet (a cluster started by hand), unless
+it is told its node (`--ray-node-id`, which `launcher exporters deploy` passes).
 """
 
 from __future__ import annotations
@@ -94,8 +95,10 @@ def raylets_on_host(procfs: Path) -> list[Raylet]:
     return cached[1]
 
 
-def watched(raylets: list[Raylet], exporter_port: int) -> list[Raylet]:
-    """The raylets this exporter reports on (see the module docstring)."""
+def watched(raylets: list[Raylet], exporter_port: int, node_id: str | None = None) -> list[Raylet]:
+    """The raylets this exporter reports on (see the module docstring); with `node_id`, that one only."""
+    if node_id:
+        return [r for r in raylets if r.node_id == node_id]
     mine = [r for r in raylets if r.exporter_port == exporter_port]
     return mine or [r for r in raylets if r.exporter_port is None]
 
@@ -110,7 +113,7 @@ class LocalRay:
         self.exporter_port = port or wire.EXPORTER_PORT
 
     def raylets(self) -> list[Raylet]:
-        return watched(raylets_on_host(self.procfs), self.exporter_port)
+        return watched(raylets_on_host(self.procfs), self.exporter_port, self.settings.node_id)
 
     def role(self, raylets: list[Raylet] | None = None) -> str:
         if self.settings.role != "auto":

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 from exporter.catalog import counter, gauge
 from exporter.collector import AsyncCollector, register
-from exporter.collectors.ray import process_owners
+from exporter.collectors.ray import job_output, process_owners
 from exporter.collectors.ray.dashboard import DashboardError, connect
 from exporter.collectors.ray.job_ids import JobDirectory
 from exporter.collectors.ray.localray import LocalRay, Raylet
@@ -51,6 +51,11 @@ GPU_SM = gauge("raypulse_job_gpu_sm_utilization_ratio", "Share of the GPU's SM t
                only_when=_GPU)
 GPU_PROCESSES = gauge("raypulse_job_gpu_processes", "The job's processes using the GPU.", collector=NAME,
                       labels=GPU_LABELS, only_when=_GPU)
+OUTPUT = gauge("raypulse_job_output_last_write_time_seconds", "Unix time the job's Ray worker processes on this "
+               "node last wrote to their stdout or stderr (Ray's worker logs); with the driver's log on the head, "
+               "whether a job that reports no progress still does anything.", collector=NAME,
+               labels=("job_id", "submission_id"), unit="seconds",
+               only_when="once a process of the job on this node wrote output")
 
 
 def _store_gauge(name: str, help: str, unit: str = "", kind=gauge):
@@ -129,8 +134,9 @@ class RayProcessesCollector(AsyncCollector):
             identities[member.key] = self._identify(member, views, identities)
         self._identities = identities
         await self._resolve_jobs(raylets, identities.values())
-        self._emit_processes(out, {member.key: (member.proc, self._resolved(identities[member.key]))
-                                   for member in found})
+        members = {member.key: (member.proc, self._resolved(identities[member.key])) for member in found}
+        self._emit_processes(out, members)
+        self._emit_output(out, raylets, members)
         for raylet in raylets:
             view = views.get(raylet.node_id)
             if view is None:
@@ -230,6 +236,15 @@ class RayProcessesCollector(AsyncCollector):
             out.add(RESIDENT, resident[identity], **labels)
             out.add(SHARED, shared[identity], **labels)
         self._emit_gpu(out, members)
+
+    @staticmethod
+    def _emit_output(out: SampleSink, raylets: list[Raylet],
+                     members: Mapping[tuple[int, int], tuple[Proc, Identity]]) -> None:
+        jobs = {proc.pid: (identity.job_id, identity.submission_id) for proc, identity in members.values()
+                if identity.job_id or identity.submission_id}
+        sessions = [raylet.session_dir for raylet in raylets if raylet.session_dir is not None]
+        for (job_id, submission_id), written in job_output.last_writes(sessions, jobs).items():
+            out.add(OUTPUT, written, job_id=job_id, submission_id=submission_id)
 
     def _emit_gpu(self, out: SampleSink, members: Mapping[tuple[int, int], tuple[Proc, Identity]]) -> None:
         usage = self.shared.gpu_processes.get()  # the gpu collector's table, when it runs here

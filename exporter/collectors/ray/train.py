@@ -50,6 +50,9 @@ LAST_CHECKPOINT = _gauge("last_checkpoint_time_seconds", "Unix time the rank las
                          "seconds", only_when="once a rank reported a checkpoint")
 CHECKPOINT_STEP = _gauge("checkpoint_step", "Step of the rank's last saved checkpoint.",
                          only_when="once a rank reported a checkpoint with its step")
+CHECKPOINT_SECONDS = _gauge("checkpoint_duration_seconds", "How long the rank's last checkpoint save took (as "
+                            "timed by progress.checkpoint() or given to checkpoint_saved(seconds=...)).", "seconds",
+                            only_when="once a rank reported a timed checkpoint")
 CHECKPOINTS = _counter("checkpoints_total", "Checkpoints the rank reported saved.")
 REPORTS = _counter("reports_total", "Reports received from the rank.")
 CLIENT_DROPPED = _counter("client_dropped_reports_total", "Reports the rank's client dropped (its queue was full "
@@ -59,6 +62,21 @@ RANKS = _gauge("ranks", "Ranks of the job that report progress to this exporter.
 ENDPOINT_UP = gauge("raypulse_train_endpoint_up", "1 if the progress endpoint is listening.", collector=NAME)
 JOBS = gauge("raypulse_train_jobs", "Jobs whose progress this exporter tracks (bounded by progress.max_jobs).",
              collector=NAME)
+_HEALED = "for a launcher run whose health watcher healed it"
+RUN_RECOVERIES = counter("raypulse_run_recoveries_total", "Faults the launcher's health watcher healed in the run, "
+                         "by fault class (hang, gpu_fault, node_lost, nonfinite_loss).", collector=NAME,
+                         labels=("run_id", "fault"), only_when=_HEALED)
+RUN_DETECT = gauge("raypulse_run_detect_seconds", "Seconds from the run's latest healed fault to its detection.",
+                   collector=NAME, labels=("run_id",), unit="seconds", only_when=_HEALED)
+RUN_RECOVER = gauge("raypulse_run_recover_seconds", "Seconds from the run's latest healed fault to the first "
+                    "training step of the attempt that replaced it.", collector=NAME, labels=("run_id",),
+                    unit="seconds", only_when=_HEALED)
+RUN_STEPS_LOST = counter("raypulse_run_steps_lost_total", "Training steps the run redid after its faults (the "
+                         "steps since the checkpoint it resumed from).", collector=NAME, labels=("run_id",),
+                         only_when=_HEALED)
+RUN_EFFECTIVE = gauge("raypulse_run_effective_training_ratio", "Share of the run's wall time spent making progress "
+                      "it kept (its launcher's estimate).", collector=NAME, labels=("run_id",), unit="ratio",
+                      only_when="for a launcher run whose health watcher reports it")
 REJECTED = counter("raypulse_train_rejected_reports_total", "Progress requests refused, by reason: invalid (400), "
                    "too_large (413), unsupported_media_type (415), too_many_jobs and too_many_ranks (429).",
                    collector=NAME, labels=("reason",))
@@ -98,6 +116,14 @@ class TrainCollector(AsyncCollector):
             out.add(RANKS, len(ranks), job_id=job_id, submission_id=submission_id)
             for rank, state in ranks.items():
                 emit_rank(out, state, job_id=job_id, submission_id=submission_id, rank=rank)
+        for run_id, health in self.store.runs.items():
+            for fault, count in health.recoveries.items():
+                out.add(RUN_RECOVERIES, count, run_id=run_id, fault=fault)
+            if health.recoveries:
+                out.add(RUN_DETECT, health.detect_seconds, run_id=run_id)
+                out.add(RUN_RECOVER, health.recover_seconds, run_id=run_id)
+                out.add(RUN_STEPS_LOST, health.steps_lost, run_id=run_id)
+            out.add(RUN_EFFECTIVE, health.effective_training_ratio, run_id=run_id)
 
 
 def emit_rank(out: SampleSink, state: RankState, **labels: object) -> None:
@@ -112,6 +138,7 @@ def emit_rank(out: SampleSink, state: RankState, **labels: object) -> None:
     out.add(LAST_PROGRESS, state.last_progress_time, **labels)
     out.add(LAST_CHECKPOINT, state.last_checkpoint_time, **labels)
     out.add(CHECKPOINT_STEP, state.checkpoint_step, **labels)
+    out.add(CHECKPOINT_SECONDS, state.checkpoint_seconds, **labels)
     out.add(CHECKPOINTS, state.checkpoints, **labels)
     out.add(REPORTS, state.reports, **labels)
     out.add(CLIENT_DROPPED, state.client_dropped, **labels)

@@ -1,7 +1,9 @@
-"""The driver `launcher exporters deploy|remove` submits as a Ray job (it runs on the head):
+"""The driver `launcher exporters deploy|remove` submits as a Ray job (it runs on the head), and the
+one the launcher's healing submits to keep a faulty node out of the next attempt:
 
     python -m raypulse_agent deploy '<config JSON>'
     python -m raypulse_agent remove
+    python -m raypulse_agent drain '{"node_ids": [...], "hosts": [...], "message": "..."}'
 
 It prints one wire.DEPLOY_RESULT_MARKER line with a JSON result and exits 1 when a node has no working
 exporter (deploy) or something could not be removed.
@@ -70,6 +72,27 @@ def remove() -> int:
     return _result({"removed": removed, "left": left}, not left)
 
 
+def drain(request: dict[str, Any]) -> int:
+    """Drain the named nodes and every alive node on a denied host, through the GCS drain API behind
+    `ray drain-node` (reason preemption: always accepted; Ray schedules nothing new there)."""
+    from ray.core.generated import autoscaler_pb2
+
+    gcs = ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)
+    reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+    hosts = set(request.get("hosts") or [])
+    wanted = set(request.get("node_ids") or [])
+    wanted |= {node_id for node_id, node in alive_nodes().items() if node.get("NodeManagerAddress") in hosts
+               and not is_head(node)}
+    drained, refused = [], {}
+    for node_id in sorted(wanted):
+        accepted, rejection = gcs.drain_node(node_id, reason, str(request.get("message") or "raypulse"), 0)
+        if accepted:
+            drained.append(node_id)
+        else:
+            refused[node_id] = rejection
+    return _result({"drained": drained, "refused": refused}, not refused)
+
+
 def main(argv: list[str]) -> int:
     context = ray.init(namespace=wire.DEPLOY_NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
     dashboard = context.dashboard_url or ""
@@ -77,7 +100,10 @@ def main(argv: list[str]) -> int:
         return deploy(json.loads(argv[1]), dashboard if "://" in dashboard else f"http://{dashboard}")
     if argv == ["remove"]:
         return remove()
-    print(f"usage: python -m raypulse_agent deploy CONFIG_JSON | remove (got {argv})", file=sys.stderr)
+    if argv[:1] == ["drain"] and len(argv) == 2:
+        return drain(json.loads(argv[1]))
+    print(f"usage: python -m raypulse_agent deploy CONFIG_JSON | remove | drain REQUEST_JSON (got {argv})",
+          file=sys.stderr)
     return 2
 
 

@@ -34,7 +34,7 @@ class NodeExporter:
         self.start_timeout = float(config.get("start_timeout_s", 60))
         self.command = [sys.executable, "-m", "exporter", "serve", "--listen", f"{host}:{port}",
                         "--ray-dashboard", config["dashboard_url"], "--cluster", config["cluster"],
-                        "--ray-role", role,
+                        "--ray-role", role, "--ray-node-id", node_id,
                         # Several nodes may share a host (tests, dev boxes): the progress port
                         # follows the metrics port, as the launcher's local clusters do.
                         "--progress-listen", f"127.0.0.1:{port + 1}"]

@@ -1,0 +1,296 @@
+"""What a run does about its health: the watcher's findings become journal events, a fault the policy
+acts on stops the attempt (with every process's stack first, for a hang), a faulty node is taken out
+of the next attempt, and the next attempt resumes from the last checkpoint.
+
+No restart loops: every restart counts against max_retries; a node that faults twice is taken out
+for good; a run whose attempts keep failing the same way stops with its own exit code and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from exporter import wire
+from launcher.health import stacks
+from launcher.health.exporters import TargetSource
+from launcher.health.faults import Attempt, Fault
+from launcher.health.policy import FaultClass, HealthPolicy
+from launcher.health.watcher import Watcher
+from launcher.journal import Journal
+from launcher.raydash import RayDashboard
+from launcher.state import AttemptRecord, RunRecord
+
+LOST_NODE_GRACE_S = 5.0  # after a failed attempt, how long a node's death may take to show
+PUBLISH_TIMEOUT_S = 1.0
+
+
+class NodeRemedy(Protocol):
+    """How a cluster takes a faulty node out of the next attempt."""
+
+    def dead_nodes(self) -> list[str]: ...
+
+    def take_out(self, node: str, fault: Fault, for_good: bool) -> tuple[str, dict[str, Any]]:
+        """Act; returns the journal event kind (node.replaced, node.drained, node.retired) and its details."""
+        ...
+
+    def before_attempt(self, record: RunRecord) -> None:
+        """Keep denied hosts out before an attempt starts (their nodes may have come back)."""
+        ...
+
+
+@dataclass
+class Pending:
+    """A fault that stopped an attempt, until the next attempt makes its first step."""
+
+    fault: Fault
+    decided_at: float
+
+
+class Healing:
+    def __init__(self, policy: HealthPolicy, journal: Journal, targets: TargetSource,
+                 remedy: NodeRemedy | None = None, dashboard: RayDashboard | None = None,
+                 progress_url: str | None = None, local_processes: bool = False) -> None:
+        self.policy = policy
+        self.journal = journal
+        self.record: RunRecord = journal.record  # type: ignore[assignment]
+        self.remedy = remedy
+        self.dashboard = dashboard
+        self.progress_url = progress_url  # the head exporter's progress endpoint: the run's health metrics go there
+        self.local_processes = local_processes  # the job's processes run on this machine (a local cluster)
+        self.watcher = Watcher(policy, targets, dead_nodes=remedy.dead_nodes if remedy else list)
+        self.stopped_by: Fault | None = None  # the fault that stopped the current attempt
+        self.pending: Pending | None = None
+        self._resume_step: int | None = None  # what the attempt being submitted resumes from
+        self._blind_said = False
+
+    # --- an attempt's life ---------------------------------------------------------------------------
+
+    def attempt_env(self, attempt: int) -> dict[str, str]:
+        """RAYPULSE_CHECKPOINT_DIR for every attempt, RAYPULSE_RESUME_FROM for one after another."""
+        env: dict[str, str] = {}
+        if self.record.checkpoint_dir:
+            env[wire.ENV_CHECKPOINT_DIR] = self.record.checkpoint_dir
+        if attempt > 1:
+            resume = self.resume_point()
+            if resume:
+                env[wire.ENV_RESUME_FROM] = json.dumps(resume)
+                self._resume_step = resume.get("step")
+                self.journal.emit("run.resume", attempt=attempt, step=self._resume_step, path=resume.get("path"))
+        return env
+
+    def resume_point(self) -> dict[str, Any] | None:
+        """The latest checkpoint: the marker the progress client writes in the checkpoint dir, else the
+        newest checkpoint step the exporters saw."""
+        directory = self.record.checkpoint_dir
+        if directory and "://" not in directory:
+            try:
+                marker = json.loads((Path(directory) / wire.CHECKPOINT_MARKER).read_text())
+                if isinstance(marker, dict) and (marker.get("step") is not None or marker.get("path")):
+                    return {key: marker.get(key) for key in ("step", "path")}
+            except (OSError, ValueError):
+                pass
+        seen = self.watcher.last.progress if self.watcher.last is not None else None
+        if seen is not None and seen.checkpoint_step is not None:
+            return {"step": seen.checkpoint_step, "path": None}
+        return None
+
+    def watch(self, attempt: int, submission_id: str) -> None:
+        if self.remedy is not None:
+            self.remedy.before_attempt(self.record)
+        self.stopped_by = None
+        item = self.record.attempt(attempt)
+        if item is not None and self._resume_step is not None:
+            item.resumed_from_step, self._resume_step = self._resume_step, None
+        self.watcher.watch(Attempt(attempt, submission_id, started_at=time.time()))
+
+    def running(self, at: float) -> None:
+        self.watcher.running(at)
+
+    def check(self, job: dict[str, Any] | None = None) -> Fault | None:
+        """A check when due: its news as events; the fault the policy acts on (restart or stop), if any.
+        `job` is Ray's view of the job (job_id, driver_info) for taking stacks."""
+        if not self.policy.enabled or not self.watcher.due():
+            return None
+        result = self.watcher.check()
+        attempt = self.watcher.attempt
+        assert attempt is not None
+        if not result.reads and not self._blind_said:
+            self._blind_said = True
+            self.journal.emit("health.blind", attempt=attempt.number)
+        for node, error in result.unreachable:
+            self.journal.emit("health.exporter_unreachable", attempt=attempt.number, node=node, error=error)
+        for node in result.back:
+            self.journal.emit("health.exporter_back", attempt=attempt.number, node=node)
+        self._note_progress(attempt.number, result.progress)
+        for fault in result.faults:
+            action = self.policy.action(fault.kind)
+            self.journal.emit("health.fault", attempt=attempt.number, fault=fault.kind.value, summary=fault.summary,
+                              action=action, node=fault.node, at=round(fault.at, 3), last_step=fault.last_step,
+                              evidence=dict(fault.evidence))
+            if action == "report":
+                continue
+            if fault.kind == FaultClass.HANG and self.policy.stacks:
+                self._take_stacks(attempt.number, job)
+            self.stopped_by = fault
+            self.pending = Pending(fault, time.time())
+            return fault
+        return None
+
+    def fault_after_failure(self) -> Fault | None:
+        """An attempt failed on its own: was a node lost (or a GPU faulty) under it? Checked at once,
+        then for a few seconds, since a node's death shows a little after the job's failure."""
+        if not self.policy.enabled:
+            return None
+        deadline = time.monotonic() + (LOST_NODE_GRACE_S if self.remedy is not None else 0)
+        while True:
+            result = self.watcher.check()
+            for fault in result.faults:
+                if fault.node_out and self.policy.action(fault.kind) != "report":
+                    attempt = self.watcher.attempt.number if self.watcher.attempt else None
+                    self.journal.emit("health.fault", attempt=attempt, fault=fault.kind.value,
+                                      summary=fault.summary, action=self.policy.action(fault.kind), node=fault.node,
+                                      at=round(fault.at, 3), last_step=fault.last_step, evidence=dict(fault.evidence))
+                    self.pending = Pending(fault, time.time())
+                    return fault
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.5)
+
+    def _take_stacks(self, attempt: int, job: dict[str, Any] | None) -> None:
+        directory = self.record.directory / "stacks" / f"attempt-{attempt}"
+        if self.dashboard is None:
+            self.journal.emit("health.stacks", attempt=attempt, summary="no stacks: no dashboard to ask",
+                              directory=None)
+            return
+        try:
+            processes = stacks.job_processes(self.dashboard, (job or {}).get("job_id"), (job or {}).get("driver"))
+            evidence = stacks.collect(self.dashboard, processes, directory, local=self.local_processes)
+        except (OSError, ValueError, KeyError) as exc:
+            self.journal.emit("health.stacks", attempt=attempt, summary=f"no stacks: {exc}", directory=None)
+            return
+        self.journal.emit("health.stacks", attempt=attempt, summary=evidence.summary, directory=evidence.directory,
+                          taken=evidence.taken, failed=evidence.failed)
+
+    # --- between attempts ----------------------------------------------------------------------------
+
+    def remedy_node(self, fault: Fault) -> None:
+        """Take the fault's node out of the next attempt: replaced (local), drained (existing); for good
+        the second time the same node faults."""
+        if not fault.node_out or fault.node is None or self.remedy is None:
+            return
+        for_good = self._faults_on(fault.node) >= 2
+        try:
+            kind, details = self.remedy.take_out(fault.node, fault, for_good)
+        except Exception as exc:  # noqa: BLE001 - a remedy that fails is reported; the retry still happens
+            self.journal.emit("node.remedy_failed", node=fault.node, error=str(exc))
+            return
+        self.journal.emit(kind, node=fault.node, reason=fault.summary, **details)
+
+    def repeated(self, fault: Fault | None, failed: AttemptRecord | None) -> str | None:
+        """Why retrying would not help: the same fault (or the same failure) twice in a row, with no
+        progress in between. None when it might."""
+        attempts = [item for item in self.record.attempts if item.ended_at or item is failed]
+        if fault is not None:
+            previous = [event for event in self.record.events if event.kind == "health.fault"
+                        and event.details.get("action") != "report"]
+            if len(previous) >= 2 and previous[-2].details.get("fault") == fault.kind.value and \
+                    previous[-2].details.get("node") == fault.node and not self._progress_between(previous[-2].attempt):
+                where = f" on {fault.node}" if fault.node else ""
+                return f"the same {fault.kind.value}{where} twice in a row with no progress in between"
+            return None
+        if failed is None or len(attempts) < 2:
+            return None
+        before = self.record.attempt(failed.attempt - 1)
+        if before is None or before.status != "FAILED":
+            return None
+        same = (before.error_type, before.driver_exit_code, before.message) == \
+            (failed.error_type, failed.driver_exit_code, failed.message)
+        progressed = failed.last_step is not None and (before.last_step is None or failed.last_step > before.last_step)
+        if same and not progressed:
+            how = failed.message or f"driver exit code {failed.driver_exit_code}"
+            return f"attempts {before.attempt} and {failed.attempt} failed the same way ({how}) with no progress"
+        return None
+
+    def _faults_on(self, node: str) -> int:
+        return sum(1 for event in self.record.events if event.kind == "health.fault"
+                   and event.details.get("node") == node and event.details.get("action") != "report")
+
+    def _progress_between(self, since_attempt: int | None) -> bool:
+        """A step advanced in an attempt after `since_attempt`."""
+        later = [item for item in self.record.attempts if since_attempt is not None and item.attempt > since_attempt]
+        return any(item.last_step is not None and item.first_step is not None and item.last_step > item.first_step
+                   for item in later)
+
+    # --- progress ------------------------------------------------------------------------------------
+
+    def _note_progress(self, attempt: int, seen: Any) -> None:
+        """Keep the attempt's first and newest step (the effective training time comes from them); the
+        first step of the attempt after a healed fault ends the recovery: the steps between it and the
+        fault's last step were lost."""
+        if seen is None or not seen.step:
+            return
+        item = self.record.attempt(attempt)
+        if item is None:
+            return
+        step = max(seen.step.values())
+        newest = max(seen.last_report.values(), default=time.time())
+        if item.first_step is None:
+            item.first_step, item.first_step_at = min(seen.step.values()), min(seen.last_report.values(),
+                                                                              default=newest)
+        item.last_step, item.last_progress_at = step, newest
+        report: dict[str, Any] = {"effective_training_ratio": self.effective_training_ratio()}
+        pending = self.pending
+        if pending is not None and pending.fault is not self.stopped_by:
+            self.pending = None
+            lost = None
+            if pending.fault.last_step is not None:
+                lost = max(0, pending.fault.last_step - (item.first_step - 1))
+            recovery = {"fault": pending.fault.kind.value,
+                        "detect_seconds": round(pending.decided_at - pending.fault.at, 1),
+                        "recover_seconds": round(max(0.0, item.first_step_at - pending.fault.at), 1),
+                        "steps_lost": lost}
+            self.journal.emit("health.recovered", attempt=attempt, first_step=item.first_step, **recovery)
+            report.update(recovery)
+        self._publish(report)
+
+    def _publish(self, fields: dict[str, Any]) -> None:
+        """The run's health as metrics, through the head exporter's progress endpoint (best effort: it
+        is loopback-only on the head, so only a local cluster's launcher reaches it)."""
+        if not self.progress_url:
+            return
+        report = {"kind": "run", "run_id": self.record.run_id, "time": time.time(),
+                  **{key: value for key, value in fields.items() if value is not None}}
+        request = urllib.request.Request(self.progress_url.rstrip("/") + wire.PROGRESS_PATH,
+                                         data=json.dumps({"reports": [report]}).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=PUBLISH_TIMEOUT_S):
+                pass
+        except OSError:
+            pass  # the metrics are a view of the journal, which has it all
+
+    def effective_training_ratio(self) -> float | None:
+        """The share of the run's wall time spent making progress that was kept: each attempt's time
+        from its first to its newest step, less the time its redone steps took."""
+        wall = (self.record.finished_at or time.time()) - self.record.created_at
+        kept = 0.0
+        for item in self.record.attempts:
+            if item.first_step_at is None or item.last_progress_at is None:
+                continue
+            span = max(0.0, item.last_progress_at - item.first_step_at)
+            steps = (item.last_step or 0) - (item.first_step or 0)
+            redone = 0
+            if item.resumed_from_step is not None and item.first_step is not None:
+                redone = max(0, self._last_step_before(item.attempt) - item.resumed_from_step)
+            per_step = span / steps if steps > 0 else 0.0
+            kept += max(0.0, span - redone * per_step)
+        return round(kept / wall, 4) if wall > 0 and kept else None
+
+    def _last_step_before(self, attempt: int) -> int:
+        earlier = [item.last_step for item in self.record.attempts if item.attempt < attempt and item.last_step]
+        return max(earlier, default=0)

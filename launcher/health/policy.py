@@ -1,0 +1,68 @@
+"""The run's health policy (`health:` in the job spec): what counts as a fault and what to do.
+
+Thresholds default to the alert rules' (alerts/config.py), so an alert and a restart never disagree
+about what a hang is: no progress from any rank for RaypulseTrainingStalled's age (15 min), no
+output from any of the job's processes for RaypulseJobDriverLogSilent's age (30 min).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from alerts.config import DEFAULT as ALERTS
+from exporter import wire
+from exporter.strict import Strict
+
+Action = Literal["restart", "stop", "report"]
+
+
+class FaultClass(StrEnum):
+    HANG = wire.FAULT_HANG  # no progress from any rank, or no output at all, for too long
+    GPU_FAULT = wire.FAULT_GPU  # an XID that asks for a reset or reboot, double-bit ECC, a lost GPU, ...
+    NODE_LOST = wire.FAULT_NODE_LOST  # a node of the job died
+    NONFINITE_LOSS = wire.FAULT_NONFINITE_LOSS  # a rank reported a NaN or infinite loss
+
+
+HANG_AFTER_SECONDS = float(ALERTS.tune("RaypulseTrainingStalled").age.seconds)
+SILENCE_AFTER_SECONDS = float(ALERTS.tune("RaypulseJobDriverLogSilent").age.seconds)
+MIN_CHECKS_PER_THRESHOLD = 3  # a threshold spans at least this many checks: one slow read is no hang
+
+
+class HealthPolicy(Strict):
+    """Watch the run and heal it; every field has a default that keeps a week-long run going."""
+
+    enabled: bool = Field(True, description="watch the run's health (local and existing clusters)")
+    check_interval_seconds: float = Field(10.0, ge=0.5, le=600,
+                                          description="how often the watcher reads the exporters")
+    hang_after_seconds: float = Field(HANG_AFTER_SECONDS, gt=0, description=(
+        "a job that reports progress is hung when no rank advanced for this long (the alert rule's threshold)"))
+    silence_after_seconds: float = Field(SILENCE_AFTER_SECONDS, gt=0, description=(
+        "a job that reports no progress is hung when none of its processes (driver and workers) wrote "
+        "any output for this long"))
+    on_hang: Action = Field("restart", description="restart (a new attempt), stop, or report (an event only)")
+    on_gpu_fault: Action = Field("restart", description="an XID that asks for a reset or reboot, double-bit ECC, "
+                                 "a row-remap failure, a lost GPU, a recovery action: what to do")
+    on_node_lost: Action = Field("restart", description="a node running the job died: what to do")
+    on_nonfinite_loss: Action = Field("restart", description="a rank reported a NaN or infinite loss: what to do")
+    stacks: bool = Field(True, description="take every process's Python stack before acting on a hang")
+
+    def action(self, fault: FaultClass) -> Action:
+        return getattr(self, f"on_{fault.value}")
+
+    def explicit_restarts(self) -> list[str]:
+        """The `on_*` fields set to restart by the user (not by default)."""
+        return sorted(name for name in self.model_fields_set if name.startswith("on_") and getattr(self, name)
+                      == "restart")
+
+    def threshold_problem(self) -> str | None:
+        """Why the thresholds cannot work with the check interval, if they cannot."""
+        floor = MIN_CHECKS_PER_THRESHOLD * self.check_interval_seconds
+        for name in ("hang_after_seconds", "silence_after_seconds"):
+            if getattr(self, name) < floor:
+                return (f"health.{name}: {getattr(self, name):g}s is below {MIN_CHECKS_PER_THRESHOLD} checks of "
+                        f"health.check_interval_seconds ({self.check_interval_seconds:g}s); raise it or check more "
+                        "often")
+        return None

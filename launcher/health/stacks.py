@@ -1,0 +1,180 @@
+"""Evidence before acting on a hang: the Python stack of every process of the job (driver, actors,
+Ray Train workers), taken in parallel through Ray's own dashboard (its py-spy traceback endpoint,
+`/worker/traceback`), saved with the run and grouped: in a hung collective most ranks wait in the
+same frame, and the few elsewhere are the suspects.
+
+Recent Ray answers 403 there unless RAY_DASHBOARD_ENABLE_PROFILING=1 on the head (the launcher sets
+it on the clusters it starts); what could not be taken is said, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import urllib.parse
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.raydash import DashboardHttpError, RayDashboard
+
+TRACEBACK_PATH = "/worker/traceback"
+TIMEOUT_S = 30.0  # py-spy attaches to each process; a busy node answers in seconds
+MAX_PROCESSES = 256  # a bound on the evidence of one hang (the suspects show in any sample)
+_FRAME = re.compile(r"^\s{4}(\S.*?) \((.+?):(\d+)\)\s*$")
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    node_id: str
+    ip: str
+    role: str  # driver, actor <class>, task <name>
+
+
+@dataclass
+class Stack:
+    process: Process
+    text: str | None = None
+    error: str | None = None
+
+    @property
+    def frame(self) -> str:
+        """Where the process's main thread is: its innermost frame (`function (file:line)`)."""
+        if not self.text:
+            return "(no stack)"
+        main = self.text.split('"MainThread"', 1)[-1] if '"MainThread"' in self.text else self.text
+        for line in main.splitlines():
+            match = _FRAME.match(line)
+            if match:
+                return f"{match[1]} ({Path(match[2]).name}:{match[3]})"
+        return "(no Python frame)"
+
+
+@dataclass
+class Evidence:
+    """The stacks of one hang, grouped by frame; `summary` is the line the journal shows."""
+
+    taken: int
+    failed: int
+    groups: list[tuple[str, list[str]]] = field(default_factory=list)  # frame -> processes, largest first
+    directory: str = ""
+    error: str | None = None  # why none could be taken
+    first_error: str | None = None  # why some could not
+
+    @property
+    def summary(self) -> str:
+        if self.error:
+            return f"no stacks: {self.error}"
+        if not self.groups:
+            return f"no stacks ({self.failed} process(es) did not answer)"
+        (frame, common), *others = self.groups
+        text = f"{self.taken} stack(s): {len(common)} in {frame}"
+        if others:
+            suspects = "; ".join(f"{', '.join(names[:4])}{' ...' if len(names) > 4 else ''} in {where}"
+                                 for where, names in others[:3])
+            text += f"; suspects: {suspects}"
+        if self.failed:
+            text += f"; {self.failed} could not be taken" + (f" ({self.first_error})" if self.first_error else "")
+        return text
+
+
+def job_processes(dashboard: RayDashboard, job_id: str | None, driver: dict[str, Any] | None) -> list[Process]:
+    """The job's processes: its driver, its alive actors and the workers running its tasks (State API,
+    filtered by job: a bounded ask, made only when a hang is found)."""
+    found: dict[int, Process] = {}
+    if driver and driver.get("pid"):
+        found[int(driver["pid"])] = Process(int(driver["pid"]), "", str(driver.get("node_ip_address") or ""),
+                                            "driver")
+    if job_id:
+        for row in dashboard.state_list("actors", [("job_id", "=", job_id), ("state", "=", "ALIVE")]):
+            pid = int(row.get("pid") or 0)
+            if pid and pid not in found:
+                found[pid] = Process(pid, str(row.get("node_id") or ""), "", f"actor {row.get('class_name') or ''}"
+                                     .strip())
+        for row in dashboard.state_list("tasks", [("job_id", "=", job_id), ("state", "=", "RUNNING"),
+                                                  ("type", "=", "NORMAL_TASK")]):
+            pid = int(row.get("worker_pid") or 0)
+            if pid and pid not in found:
+                found[pid] = Process(pid, str(row.get("node_id") or ""), "", f"task {row.get('name') or ''}".strip())
+    return list(found.values())[:MAX_PROCESSES]
+
+
+def take(dashboard: RayDashboard, process: Process) -> Stack:
+    query = {"pid": str(process.pid), "native": "0"}
+    query.update({"node_id": process.node_id} if process.node_id else {"ip": process.ip})
+    status, body = dashboard.get(f"{TRACEBACK_PATH}?{urllib.parse.urlencode(query)}", timeout=TIMEOUT_S)
+    text = body.decode(errors="replace")
+    if status != 200:
+        if status == 403:
+            return Stack(process, error="the dashboard refuses stack dumps (RAY_DASHBOARD_ENABLE_PROFILING=1 is not "
+                                        "set on the head)")
+        return Stack(process, error=f"HTTP {status}: {text[:200]}")
+    return Stack(process, text=text)
+
+
+def take_here(process: Process) -> Stack:
+    """py-spy on this machine, without pausing the process: for a local cluster's processes that the
+    dashboard's py-spy could not dump (it pauses its target first, which fails on a stopped process)."""
+    py_spy = Path(sys.executable).with_name("py-spy")
+    try:
+        done = subprocess.run([str(py_spy if py_spy.exists() else "py-spy"), "dump", "--nonblocking", "--pid",
+                               str(process.pid)], capture_output=True, text=True, timeout=TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Stack(process, error=f"py-spy: {exc}")
+    if done.returncode != 0:
+        return Stack(process, error=f"py-spy: {(done.stderr or done.stdout).strip().splitlines()[:3]}")
+    return Stack(process, text=done.stdout)
+
+
+def collect(dashboard: RayDashboard, processes: list[Process], directory: Path, local: bool = False) -> Evidence:
+    """Every process's stack, in parallel; saved one file each under `directory` with a summary.
+    `local`: the processes run on this machine (a local cluster), where what the dashboard could not
+    dump is dumped directly."""
+    if not processes:
+        return Evidence(0, 0, error="the job has no alive process to take a stack of")
+
+    def one(process: Process) -> Stack:
+        stack = _safe_take(dashboard, process)
+        return take_here(process) if stack.text is None and local else stack
+
+    with ThreadPoolExecutor(max_workers=min(32, len(processes)), thread_name_prefix="stacks") as pool:
+        stacks = list(pool.map(one, processes))
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for stack in stacks:
+        role = stack.process.role.split()[0]
+        name = f"{stack.process.ip or stack.process.node_id[:12]}-{stack.process.pid}-{role}.txt"
+        (directory / name).write_text(stack.text if stack.text is not None else f"# not taken: {stack.error}\n")
+    taken = [stack for stack in stacks if stack.text is not None]
+    members: dict[str, list[str]] = {}
+    for stack in taken:
+        members.setdefault(stack.frame, []).append(f"{stack.process.role} {stack.process.pid}@"
+                                                   f"{stack.process.ip or stack.process.node_id[:8]}")
+    counts = Counter({frame: len(names) for frame, names in members.items()})
+    groups = [(frame, members[frame]) for frame, _ in counts.most_common()]
+    errors = sorted({stack.error for stack in stacks if stack.error})
+    evidence = Evidence(len(taken), len(stacks) - len(taken), groups, str(directory),
+                        error=errors[0] if not taken and errors else None,
+                        first_error=errors[0][:160] if errors else None)
+    (directory / "summary.json").write_text(json.dumps(
+        {"summary": evidence.summary, "groups": evidence.groups, "taken": evidence.taken, "failed": evidence.failed,
+         "errors": errors, "processes": [asdict(stack.process) for stack in stacks]}, indent=2))
+    return evidence
+
+
+def load(directory: Path) -> Evidence:
+    """Evidence saved by `collect`, with its stacks' files."""
+    summary = json.loads((directory / "summary.json").read_text())
+    return Evidence(summary["taken"], summary["failed"], [(frame, names) for frame, names in summary["groups"]],
+                    str(directory), first_error=(summary.get("errors") or [None])[0])
+
+
+def _safe_take(dashboard: RayDashboard, process: Process) -> Stack:
+    try:
+        return take(dashboard, process)
+    except (OSError, DashboardHttpError, ValueError) as exc:
+        return Stack(process, error=str(exc))

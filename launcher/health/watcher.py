@@ -1,0 +1,81 @@
+"""The watcher: every check interval it reads the exporters, finds the attempt's faults and says
+what is new since the last check (a fault is reported once; an exporter that stops answering is
+news, and so is its return). It decides nothing about actions: the run does, by its policy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from launcher.health import faults as found
+from launcher.health.exporters import NodeRead, TargetSource, read_all
+from launcher.health.faults import Attempt, Baseline, Fault, Progress
+from launcher.health.policy import HealthPolicy
+
+
+@dataclass
+class Check:
+    """What one check found that is new."""
+
+    faults: list[Fault] = field(default_factory=list)
+    unreachable: list[tuple[str, str]] = field(default_factory=list)  # (node, error) that stopped answering
+    back: list[str] = field(default_factory=list)  # nodes whose exporter answers again
+    progress: Progress | None = None
+    reads: list[NodeRead] = field(default_factory=list)
+
+
+class Watcher:
+    def __init__(self, policy: HealthPolicy, targets: TargetSource,
+                 dead_nodes: Callable[[], list[str]] = list, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self._targets = targets
+        self._dead_nodes = dead_nodes
+        self._clock = clock
+        self._monotonic = monotonic
+        self.attempt: Attempt | None = None
+        self._baseline = Baseline()
+        self._reported: set[str] = set()
+        self._unreachable: dict[str, str] = {}
+        self._next_check = 0.0
+        self.last: Check | None = None
+
+    def watch(self, attempt: Attempt) -> None:
+        """From now on, the faults of this attempt (a new one starts with a new baseline)."""
+        self.attempt = attempt
+        self._baseline = Baseline()
+        self._next_check = 0.0
+
+    def running(self, at: float) -> None:
+        if self.attempt is not None and self.attempt.running_at is None:
+            self.attempt.running_at = at
+
+    def due(self) -> bool:
+        return self.attempt is not None and self._monotonic() >= self._next_check
+
+    def check(self) -> Check:
+        """Read every exporter once; what is new. Call when due()."""
+        assert self.attempt is not None
+        self._next_check = self._monotonic() + self.policy.check_interval_seconds
+        reads = read_all(self._targets())
+        result = Check(reads=reads)
+        for read in reads:
+            name = read.target.node
+            if not read.ok and name not in self._unreachable:
+                self._unreachable[name] = read.error or "no answer"
+                result.unreachable.append((name, read.error or "no answer"))
+            elif read.ok and name in self._unreachable:
+                del self._unreachable[name]
+                result.back.append(name)
+        if not self._baseline.taken and reads and all(read.ok for read in reads):
+            self._baseline.take(reads)
+        now = self._clock()
+        for fault in found.find(self.policy, reads, self.attempt, self._baseline, now, self._dead_nodes()):
+            if fault.key not in self._reported:
+                self._reported.add(fault.key)
+                result.faults.append(fault)
+        result.progress = found.progress([read for read in reads if read.ok], self.attempt.submission_id)
+        self.last = result
+        return result

@@ -1,0 +1,62 @@
+"""The healing drill's Markdown report (docs/healing-drill.md)."""
+
+from __future__ import annotations
+
+from scripts.heal_drill.run import (
+    CHECK_S,
+    HANG_AFTER_S,
+    INJECT_AT_STEP,
+    RECOVERY_SLACK_S,
+    SILENCE_AFTER_S,
+    STEP_S,
+    STEPS,
+    Outcome,
+    Report,
+)
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:g}s"
+
+
+def _row(outcome: Outcome) -> str:
+    verdict = "yes" if outcome.ok else "**no**"
+    recovered = _seconds(outcome.recovered)
+    if outcome.fault and outcome.recovered is not None:
+        recovered += f" (≤ {outcome.threshold + RECOVERY_SLACK_S:g}s)"
+    effective = "—" if outcome.effective is None else f"{outcome.effective:.0%}"
+    detail = "; ".join(part for part in (outcome.named, outcome.node_action, outcome.stacks, outcome.error) if part)
+    return (f"| {outcome.scenario} | {outcome.injected} | {_seconds(outcome.detected)} | {recovered} | "
+            f"{'—' if outcome.steps_lost is None else outcome.steps_lost} | {outcome.restarts} | "
+            f"{outcome.state} ({outcome.exit_code}) | {effective} | {verdict} | {detail or '—'} |")
+
+
+def render(report: Report) -> str:
+    lines = [
+        "# Healing drill",
+        "",
+        "<!-- Written by `make heal-drill` (python -m scripts.heal_drill --output docs/healing-drill.md); "
+        "do not edit. -->",
+        "",
+        f"Run {report.started}, {report.wall_seconds:g}s in all{' (the quick subset)' if report.quick else ''}. "
+        "Each scenario is a run of its own on a real local Ray cluster started by `launcher submit` (a head and "
+        "two workers with one simulated GPU each, one exporter per node), running the drill's job "
+        f"(`scripts/heal_drill/job.py`: two ranks that step together, {STEPS} steps of {STEP_S:g}s, a checkpoint "
+        "every 10 steps, resuming from RAYPULSE_RESUME_FROM). The fault is injected at step "
+        f"{INJECT_AT_STEP}. The health policy is the product's, with its thresholds scaled down: a hang after "
+        f"{HANG_AFTER_S:g}s without progress (the default is 900s, as the alert rule), silence after "
+        f"{SILENCE_AFTER_S:g}s (default 1800s), a check every {CHECK_S:g}s (default 10s); max_retries 2, a 1s "
+        "backoff.",
+        "",
+        "Detected: from the injection to the watcher's `health.fault` event. Recovered: from the injection to "
+        "the first step of the attempt that replaced the faulty one (for a job that reports no steps: to its "
+        f"start), which must stay within the detection threshold + {RECOVERY_SLACK_S:g}s. Steps lost: the steps "
+        "redone (at most one checkpoint interval, 10). The healthy run must not restart at all.",
+        "",
+        "| scenario | fault injected | detected | recovered | steps lost | restarts | final state | effective "
+        "training | ok | what the launcher said and did |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [_row(outcome) for outcome in report.outcomes]
+    lines += ["", f"Result: **{'PASSED' if report.ok else 'FAILED'}**", ""]
+    return "\n".join(lines)
