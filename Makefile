@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
 
-.PHONY: install system-deps demo test test-quick lint bench bench-launch docs dashboards alerts drill heal-drill clean
+.PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint docs dashboards alerts drill heal-drill clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ lint: install
 
 bench: install system-deps
 	$(PY) -m bench.scrape
+
+# Footprint with 8 simulated GPUs (RSS, scrape p50/p99 at one client, idle CPU, the simulator's share
+# apart) beside node_exporter: docs/benchmarks.md.
+bench-footprint: install system-deps
+	$(PY) -m bench.footprint
 
 # Launch time: `launcher submit` to RUNNING on head + 2 workers against the same steps by hand.
 bench-launch: install

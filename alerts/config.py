@@ -156,6 +156,8 @@ TUNING: dict[str, Tune] = {
     "RaypulseExporterCollectorStuck": tune("1m"),
     "RaypulseExporterOtlpPushFailing": tune("15m", window="15m"),
     "RaypulseExporterProgressReportsRejected": tune("0s", window="15m"),
+    "RaypulseExporterProgressStoreNearlyFull": tune("10m", ratio=0.90),  # of progress.max_series
+    "RaypulseExporterBusy": tune("5m", window="10m"),  # connections or scrapes refused with 503
     "RaypulseWatchdog": tune("0s"),
 }
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from exporter import __version__, plugins
-from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig
+from exporter import __version__, plugins, redact
+from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig, unknown_environment
 from exporter.gpusim.cli import gpu_fault
 
 EXIT_CONFIG_ERROR = 2
@@ -57,6 +58,9 @@ def _flags(enable: tuple[str, ...] = (), disable: tuple[str, ...] = (), **values
 
 
 def _load(config_file: Path | None, **flag_args: Any) -> ExporterConfig:
+    for name in unknown_environment(os.environ):  # before logging is set up: straight to stderr
+        click.echo(f"exporter: warning: {name} names no setting and is ignored (check the spelling; see "
+                   "docs/configuration.md)", err=True)
     try:
         config = plugins.load(_flags(**flag_args), config_file)
         if config.web_config_file is not None:
@@ -91,7 +95,8 @@ def _config_options(func: Any) -> Any:
                      help="Also push every metric to this OTLP/HTTP endpoint (e.g. http://collector:4318)."),
         click.option("--cluster", metavar="NAME", help="Name of the Ray cluster (the cluster label of /sd targets)."),
         click.option("--ray-dashboard", metavar="URL",
-                     help="Ray dashboard URL [default: the one this node's raylet uses, else http://127.0.0.1:8265]."),
+                     help="Ray dashboard URL, sent the Ray token [default: the one this node's raylet uses (the token "
+                          "only when it is this host's and trusted), else http://127.0.0.1:8265 without it]."),
         click.option("--ray-node-id", metavar="HEX", help="Watch only this Ray node (several nodes on one host)."),
         click.option("--ray-role", type=click.Choice(["auto", "head", "worker"]),
                      help="head also exports jobs/cluster metrics and serves /sd [default: auto]."),
@@ -136,7 +141,11 @@ def check_config(config_file: Path | None, **flag_args: Any) -> None:
     import yaml
 
     config = _load(config_file, **flag_args)
-    click.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), nl=False)
+    effective = config.model_dump(mode="json")
+    effective["otlp"]["headers"] = redact.values(config.otlp.headers)  # API keys are not for the terminal
+    if config.otlp.endpoint:
+        effective["otlp"]["endpoint"] = redact.url(config.otlp.endpoint)
+    click.echo(yaml.safe_dump(effective, sort_keys=False), nl=False)
 
 
 @main.command("config-reference")

@@ -139,16 +139,20 @@ _LABEL_VALUE = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$"
 
 class RaySettings(_Strict):
     dashboard_url: str | None = Field(None, pattern=r"^https?://[^\s/]+/?$", description=(
-        "Ray dashboard base URL (http://head:8265). Unset: the dashboard this node's raylet was started "
-        "with, else http://127.0.0.1:8265. The token comes from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
-        "~/.ray/auth_token, as Ray reads it."))
+        "Ray dashboard base URL (http://head:8265); the Ray token is sent there. Unset: the dashboard a raylet "
+        "of this host names, else http://127.0.0.1:8265; the token then goes only to a dashboard on this host's "
+        "own address, named by a raylet that is Ray's own binary run by this exporter's user or root, and "
+        "served by that user or root (never to another host's dashboard: name that one here). The token "
+        "comes from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, as Ray reads it."))
     node_id: str | None = Field(None, pattern=r"^[0-9a-f]{56}$", description=(
         "Watch only this Ray node (its hex id): for several Ray nodes on one host whose raylets carry no "
         "exporter-port label (`launcher exporters deploy` passes it). Unset: the raylets labelled with this "
-        "exporter's port, else every raylet of the host."))
+        "exporter's port, else every unlabelled raylet of the host (only those of this host's own address "
+        "once one was seen: hosts in network namespaces that share a process table)."))
     role: str = Field("auto", pattern=r"^(auto|head|worker)$", description=(
         "head: also export cluster-wide job, node and workload metrics and serve /sd; worker: only this "
-        "node's Ray processes; auto: head when this host runs the head raylet (checked every run)."))
+        "node's Ray processes; auto: head when this host runs the head raylet, Ray's own binary run by this "
+        "exporter's user or root (checked every run)."))
     request_timeout_seconds: float = Field(3.0, gt=0, le=60, description="A dashboard request taking longer "
                                            "fails (and the series it feeds are omitted for that run).")
     finished_job_retention_seconds: float = Field(3600.0, ge=0, le=30 * 86400, description=(
@@ -170,6 +174,17 @@ class ProgressSettings(_Strict):
                                    "report for one more gets 429.")
     expire_after_seconds: float = Field(3600.0, gt=0, le=30 * 86400, description=(
         "A rank that has not reported for this long is dropped (a job with no rank left too)."))
+    max_series: int = Field(10000, ge=100, le=1_000_000, description=(
+        "Most series the progress store holds, all jobs, ranks and runs together (about 16 per rank): the "
+        "one bound on its memory and on the size of /metrics. A report that would pass it gets 429, after "
+        "jobs Ray no longer runs have been let go."))
+    finished_grace_seconds: float = Field(300.0, ge=0, le=86400, description=(
+        "A job Ray says has ended, or does not know, keeps its progress series this long after its last "
+        "report, then they go (long before expire_after_seconds)."))
+    token: str = Field("auto", pattern=r"^(auto|required|off)$", description=(
+        "Whether a report must carry its job's token (wire.progress_token, derived from the Ray auth token; "
+        "the launcher hands it to every attempt): auto = when this exporter can read a Ray auth token, "
+        "required = always (start fails without a token), off = never."))
 
     @field_validator("listen")
     @classmethod
@@ -190,6 +205,21 @@ class ProgressSettings(_Strict):
             raise ValueError(f"listen: {self.listen!r} is not loopback; training code on other hosts could "
                              "write metrics. Use 127.0.0.1, a unix: socket, or set progress.allow_remote")
         return self
+
+
+class HttpSettings(_Strict):
+    """Bounds on what the clients of the exporter's HTTP ports may hold (exporter/guard.py)."""
+
+    max_connections: int = Field(256, ge=4, le=65536, description=(
+        "Most open connections at once, /metrics and progress ports together (never more than a quarter "
+        "of the process's file descriptor limit); one more is answered 503 and closed."))
+    max_requests: int = Field(40, ge=1, le=10000, description=(
+        "Most /metrics scrapes served at once (node_exporter's --web.max-requests); more get 503."))
+    idle_timeout_seconds: float = Field(30.0, gt=0, le=3600, description=(
+        "A client must send a whole request header within this long of connecting or of its previous "
+        "request; an idle keep-alive connection is closed after it."))
+    write_timeout_seconds: float = Field(30.0, gt=0, le=3600, description=(
+        "A client that reads none of a response for this long is disconnected."))
 
 
 def _is_loopback(host: str) -> bool:
@@ -223,6 +253,7 @@ class ExporterConfig(BaseSettings):
         "Name of the Ray cluster: the `cluster` label of /sd targets, `cluster_name` of raypulse_ray_node_info."))
     ray: RaySettings = Field(default_factory=RaySettings)
     progress: ProgressSettings = Field(default_factory=ProgressSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
 
     @field_validator("listen")
     @classmethod
@@ -246,13 +277,17 @@ def parse_listen(value: str) -> tuple[str, int]:
 def read_yaml_file(path: Path, what: str) -> dict[str, Any]:
     """Read a YAML mapping, turning I/O and syntax problems into ConfigErrors naming the file."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{what} {path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what} {path}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {path}: nested too deeply to be a configuration") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -315,6 +350,13 @@ def _origin(loc: list[str], sources: list[tuple[str, Mapping[str, Any]]]) -> str
             if _has_path(values, loc[:depth]):
                 return name
     return sources[0][0] if len(sources) == 1 else None
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """RAYPULSE_EXPORTER_* variables whose first part names no setting: pydantic-settings ignores them
+    silently (a wrong name inside a section, RAYPULSE_EXPORTER_GPU__X, is refused by the model)."""
+    return sorted(name for name in environ if name.upper().startswith(ENV_PREFIX)
+                  and name[len(ENV_PREFIX):].lower().split("__")[0] not in ExporterConfig.model_fields)
 
 
 def _environment_values(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -18,7 +18,11 @@ harmless when no exporter runs (reports are dropped and counted). The exporter i
 RAYPULSE_PROGRESS_URL (http://HOST:PORT or unix:/path/to.sock; the launcher sets it per node),
 else http://127.0.0.1:9478. The job is named from what Ray puts in the process: the Ray job id
 from `ray.get_runtime_context()` once `ray` is initialized (or RAY_JOB_ID), the submission id
-from the job config Ray gives a submitted job's driver. The exporter fills in the other one.
+from the job config Ray gives a submitted job's driver (or RAYPULSE_SUBMISSION_ID, which the
+launcher gives every process of an attempt). The exporter fills in the other one. Where the exporter
+requires tokens (Ray token authentication on), each request carries its job's token: the one the
+launcher gave the attempt (RAYPULSE_PROGRESS_TOKEN), else one derived from the Ray token if this
+process can read it.
 `samples` and `tokens` are per call; the client sends running totals, so a dropped report loses
 nothing but its own point in time. See docs/progress.md for the wire format.
 """
@@ -107,7 +111,7 @@ class _Identity:
 
     def __init__(self) -> None:
         self.job_id: str | None = None
-        self.submission_id = self._submission_from_job_config()
+        self.submission_id = os.environ.get(wire.ENV_SUBMISSION_ID) or self._submission_from_job_config()
         self.rank: int | None = None
 
     @staticmethod
@@ -227,14 +231,26 @@ class _Client:
 
     @staticmethod
     def _post(connection: http.client.HTTPConnection, path: str, batch: list[dict[str, Any]]) -> int:
-        body = json.dumps({"reports": batch}, allow_nan=False).encode()
-        connection.request("POST", path, body, {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        detail = response.read(2048)
-        if response.status >= 400:
-            log.warning("raypulse progress: the exporter refused %d report(s): %s %s", len(batch), response.status,
-                        detail.decode(errors="replace")[:500])
-        return response.status
+        """One request per owner (a token is for one job); the worst status."""
+        owners: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for entry in batch:
+            key = wire.progress_owner(entry["kind"], entry.get("run_id"), entry.get("submission_id"),
+                                      entry.get("job_id"))
+            owners.setdefault(key, []).append(entry)
+        worst = 0
+        for owner, entries in owners.items():
+            headers = {"Content-Type": "application/json"}
+            token = _token(owner)
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            connection.request("POST", path, json.dumps({"reports": entries}, allow_nan=False).encode(), headers)
+            response = connection.getresponse()
+            detail = response.read(2048)
+            if response.status >= 400:
+                log.warning("raypulse progress: the exporter refused %d report(s): %s %s", len(entries),
+                            response.status, detail.decode(errors="replace")[:500])
+            worst = max(worst, response.status)
+        return worst
 
     def _done(self, batch: list[dict[str, Any]], ok: bool, rejected: bool) -> None:
         with self._lock:
@@ -252,6 +268,18 @@ class _Client:
         while self.queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.01)
         return not self.queue.unfinished_tasks
+
+
+def _token(owner: tuple[str, str]) -> str | None:
+    """The launcher's token for this attempt, else one derived from a readable Ray token, else none."""
+    given = os.environ.get(wire.ENV_PROGRESS_TOKEN)
+    if given:
+        return given
+    try:
+        key = wire.ray_auth_token()
+    except OSError:
+        return None
+    return wire.progress_token(key, *owner) if key else None
 
 
 _client: _Client | None = None

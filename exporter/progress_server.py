@@ -3,9 +3,14 @@
 
     204  applied
     400  not valid; the body names the first bad field: {"error": "reports[2].loss: ..."}
+    401  no token, or not the token of every report's job (where tokens are required)
     413  larger than progress.max_body_bytes
     415  not application/json
-    429  would exceed progress.max_jobs or progress.max_ranks_per_job
+    429  would exceed progress.max_series, max_jobs or max_ranks_per_job
+
+Where Ray token authentication is on (progress.token auto) or progress.token is required, a report
+is accepted only with `Authorization: Bearer <token>`, the token of the job it names
+(wire.progress_token): a local process cannot write another job's step and loss.
 
 It is a separate aiohttp site so that it never shares the /metrics port (or its auth) and so that
 exposing /metrics on the network does not expose a write endpoint with it. If its address is
@@ -14,16 +19,19 @@ taken the exporter still serves metrics; `raypulse_train_endpoint_up` says 0.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
 
 from exporter import wire
 from exporter.config import LISTEN_OFF, ProgressSettings, parse_listen
-from exporter.progress_store import ProgressStore, Rejected, parse_batch
+from exporter.guard import Guard, GuardedTCPSite, GuardedUnixSite, runner_options
+from exporter.progress_store import ProgressStore, Rejected, Report, owner, parse_batch
 
 log = logging.getLogger(__name__)
 PATH = wire.PROGRESS_PATH
@@ -44,8 +52,40 @@ async def _read_bounded(request: web.Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def progress_app(store: ProgressStore) -> web.Application:
+TokenKey = Callable[[], str | None]  # the key tokens are derived from (the Ray auth token), None: none now
+
+
+def ray_token_key() -> str | None:
+    """The Ray auth token where Ray looks for it, read again when its file changes; None if unreadable."""
+    try:
+        return wire.ray_auth_token()
+    except wire.RayTokenUnreadable:
+        return None
+
+
+def check_token(mode: str, key: TokenKey, header: str | None, reports: list[Report]) -> None:
+    """Raise Rejected(401) unless tokens are off or the header holds the token of every report's owner."""
+    if mode == "off":
+        return
+    secret = key()
+    if secret is None:
+        if mode == "auto":
+            return  # Ray token authentication is off: so are progress tokens
+        raise Rejected(401, "unauthorized", "progress.token is required but this exporter has no Ray auth token "
+                       "to check tokens with (set RAY_AUTH_TOKEN_PATH)")
+    scheme, _, given = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise Rejected(401, "unauthorized", f"a token is required: Authorization: Bearer <token>; the launcher "
+                       f"gives every attempt its token in {wire.ENV_PROGRESS_TOKEN}")
+    for index, report in enumerate(reports):
+        if not hmac.compare_digest(given.strip(), wire.progress_token(secret, *owner(report))):
+            kind, name = owner(report)
+            raise Rejected(401, "unauthorized", f"reports[{index}]: the token is not the one of {kind} {name}")
+
+
+def progress_app(store: ProgressStore, token_key: TokenKey = ray_token_key) -> web.Application:
     limit = store.settings.max_body_bytes
+    mode = store.settings.token
 
     async def post(request: web.Request) -> web.Response:
         try:
@@ -64,6 +104,7 @@ def progress_app(store: ProgressStore) -> web.Application:
                 raise store.reject(Rejected(400, "invalid", "body: not valid JSON")) from None
             try:
                 reports = parse_batch(data)
+                check_token(mode, token_key, request.headers.get("Authorization"), reports)
             except Rejected as rejected:
                 raise store.reject(rejected) from None
             store.apply(reports)
@@ -80,9 +121,14 @@ def progress_app(store: ProgressStore) -> web.Application:
 class ProgressEndpoint:
     """Owns the listener; `start()` reports whether it is listening."""
 
-    def __init__(self, settings: ProgressSettings, store: ProgressStore) -> None:
+    def __init__(self, settings: ProgressSettings, store: ProgressStore, guard: Guard,
+                 token_key: TokenKey = ray_token_key, logger: logging.Logger | None = None) -> None:
         self.settings = settings
         self.store = store
+        self.guard = guard  # shared with /metrics: one bound on connections for the whole exporter
+        self.token_key = token_key
+        self.logger = logger  # aiohttp's server logger (client errors are counted, not traced)
+        self.socket_path: Path | None = None
         self.listening = False
         self.address: str | None = None  # where it listens, e.g. 127.0.0.1:9478 or unix:/run/x.sock
         self._runner: web.AppRunner | None = None
@@ -91,20 +137,27 @@ class ProgressEndpoint:
         listen = self.settings.listen
         if listen == LISTEN_OFF:
             return False
-        runner = web.AppRunner(progress_app(self.store), access_log=None, handle_signals=False)
+        if self.settings.token == "required" and self.token_key() is None:
+            log.error("progress.token is required but no Ray auth token is readable (RAY_AUTH_TOKEN, "
+                      "RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token): the progress endpoint does not listen")
+            return False
+        extra = {"logger": self.logger} if self.logger is not None else {}
+        runner = web.AppRunner(progress_app(self.store, self.token_key), access_log=None, handle_signals=False,
+                               **runner_options(self.guard.settings), **extra)
         await runner.setup()
         try:
             if listen.startswith("unix:"):
                 path = Path(listen.removeprefix("unix:"))
                 if path.is_socket():
                     path.unlink()  # left over from an exporter that did not shut down
-                site: web.BaseSite = web.UnixSite(runner, str(path))
+                site: web.BaseSite = GuardedUnixSite(runner, str(path), self.guard)
                 await site.start()
                 os.chmod(path, 0o660)  # the training processes run as this user or its group
+                self.socket_path = path
                 self.address = listen
             else:
                 host, port = parse_listen(listen)
-                site = web.TCPSite(runner, host, port, reuse_address=True)
+                site = GuardedTCPSite(runner, host, port, self.guard, reuse_address=True)
                 await site.start()
                 self.address = f"{host}:{runner.addresses[0][1]}"
         except OSError as exc:
@@ -121,4 +174,7 @@ class ProgressEndpoint:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.socket_path is not None:  # aiohttp leaves the socket file behind
+            self.socket_path.unlink(missing_ok=True)
+            self.socket_path = None
         self.listening = False

@@ -14,16 +14,24 @@ reports how its run heals, with kind "run": {"kind": "run", "run_id": "...", "ti
 {"kind": "run", "run_id": "...", "time": ..., "effective_training_ratio": 0.93} as the run goes.
 
 Every field is checked (unknown fields are refused by name); a batch is applied whole or not at
-all. Bounds: the jobs tracked at once and the ranks per job (429 beyond them); ranks that stop
-reporting expire. A NaN or infinite loss (or grad norm, learning rate) is counted per rank and
-leaves the last finite value in place: it shows up as a count, never as a hidden gap.
+all. One global bound, the series the store holds (progress.max_series), caps its memory and the
+size of /metrics; the jobs tracked at once and the ranks per job are fairness limits under it (429
+beyond any of them). Jobs Ray says have ended, or does not know, are let go soon after their last
+report (`doubtful`), first when room is needed; other ranks that stop reporting expire. A NaN or
+infinite loss (or grad norm, learning rate) is counted per rank and leaves the last finite value in
+place: it shows up as a count, never as a hidden gap.
+
+States are copied on write: the train collector turns a snapshot of the store into series off the
+event loop while the endpoint keeps applying reports on it.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -34,7 +42,13 @@ from exporter.config import ProgressSettings
 from exporter.strict import Strict
 
 FLOAT_FIELDS = ("loss", "grad_norm", "learning_rate")
-REJECT_REASONS = ("invalid", "too_large", "unsupported_media_type", "too_many_jobs", "too_many_ranks")
+REJECT_REASONS = ("invalid", "unauthorized", "too_large", "unsupported_media_type", "too_many_jobs",
+                  "too_many_ranks", "too_many_series")
+# Series each holds in /metrics (exporter/collectors/ray/train.py): a rank's 13 gauges and counters and
+# its 3 non-finite counts; a job's rank count; a run's 4 gauges and a recovery count per fault class.
+SERIES_PER_RANK = 16
+SERIES_PER_JOB = 1
+SERIES_PER_RUN = 4 + len(wire.FAULT_CLASSES)
 MAX_REPORTS_PER_REQUEST = 256
 _MAX_COUNT = 2**53  # exactly representable in a float sample
 _CLOCK_SKEW_SECONDS = 600.0
@@ -130,6 +144,13 @@ class RankState:
     client_dropped: int = 0
     touched: float = 0.0  # the exporter's monotonic clock, for expiry
 
+    def applied(self, report: Report) -> RankState:
+        """A new state with the report applied; this one is left as it was (readers may hold it)."""
+        new = copy.copy(self)
+        new.values, new.nonfinite = dict(self.values), Counter(self.nonfinite)
+        new.apply(report)
+        return new
+
     def apply(self, report: Report) -> None:
         self.reports += 1
         self.client_dropped = max(self.client_dropped, report.dropped_total)
@@ -170,6 +191,12 @@ class RunHealth:
     effective_training_ratio: float | None = None
     touched: float = 0.0
 
+    def applied(self, report: Report) -> RunHealth:
+        new = copy.copy(self)
+        new.recoveries = Counter(self.recoveries)
+        new.apply(report)
+        return new
+
     def apply(self, report: Report) -> None:
         if report.fault is not None:
             self.recoveries[report.fault] += 1
@@ -183,8 +210,24 @@ class RunHealth:
 JobKey = tuple[str, str]  # (job_id, submission_id) as reported; either may be ""
 
 
+def owner(report: Report) -> tuple[str, str]:
+    """Whose progress a report is, as (kind, id) for wire.progress_token."""
+    return wire.progress_owner(report.kind, report.run_id, report.submission_id, report.job_id)
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """What the store held at one moment; its states are never changed after (copy on write)."""
+
+    jobs: Mapping[JobKey, Mapping[int, RankState]]
+    runs: Mapping[str, RunHealth]
+    series: int
+    rejected: Mapping[str, int]
+    refused_series: int
+
+
 class ProgressStore:
-    """Progress per job and rank, bounded; used from the event loop only."""
+    """Progress per job and rank, bounded; changed from the event loop only."""
 
     def __init__(self, settings: ProgressSettings, clock=time.monotonic) -> None:
         self.settings = settings
@@ -193,6 +236,17 @@ class ProgressStore:
         self.runs: dict[str, RunHealth] = {}  # by launcher run id, bounded by progress.max_jobs too
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
+        self.refused_series = 0  # series that refused reports would have added
+        self.doubtful: frozenset[JobKey] = frozenset()  # jobs Ray says ended or does not know (train sets it)
+
+    @property
+    def series(self) -> int:
+        return (sum(SERIES_PER_JOB + SERIES_PER_RANK * len(ranks) for ranks in self.jobs.values())
+                + SERIES_PER_RUN * len(self.runs))
+
+    def view(self) -> StoreView:
+        return StoreView(jobs={key: dict(ranks) for key, ranks in self.jobs.items()}, runs=dict(self.runs),
+                         series=self.series, rejected=dict(self.rejected), refused_series=self.refused_series)
 
     def reject(self, rejected: Rejected) -> Rejected:
         self.rejected[rejected.reason] += 1
@@ -204,9 +258,6 @@ class ProgressStore:
         runs = [report for report in reports if report.kind == "run"]
         reports = [report for report in reports if report.kind != "run"]
         new_runs = {report.run_id for report in runs} - set(self.runs)
-        if len(self.runs) + len(new_runs) > self.settings.max_jobs:
-            raise self.reject(Rejected(429, "too_many_jobs", f"health is tracked for at most {self.settings.max_jobs} "
-                                       "runs at once (progress.max_jobs)"))
         new_jobs: set[JobKey] = set()
         new_ranks: Counter[JobKey] = Counter()
         seen: set[tuple[JobKey, int]] = set()
@@ -218,26 +269,62 @@ class ProgressStore:
             if (ranks is None or report.rank not in ranks) and (key, report.rank) not in seen:
                 seen.add((key, report.rank))
                 new_ranks[key] += 1
+        added = (SERIES_PER_RUN * len(new_runs) + SERIES_PER_JOB * len(new_jobs)
+                 + SERIES_PER_RANK * sum(new_ranks.values()))
+        if added:
+            self._make_room(added, new_jobs=len(new_jobs))
+        if len(self.runs) + len(new_runs) > self.settings.max_jobs:
+            raise self._refuse(added, Rejected(429, "too_many_jobs", f"health is tracked for at most "
+                               f"{self.settings.max_jobs} runs at once (progress.max_jobs)"))
         if len(self.jobs) + len(new_jobs) > self.settings.max_jobs:
-            raise self.reject(Rejected(429, "too_many_jobs", f"progress is tracked for at most "
-                                       f"{self.settings.max_jobs} jobs at once (progress.max_jobs); one frees up "
-                                       f"when a job has not reported for {self.settings.expire_after_seconds:g}s"))
+            raise self._refuse(added, Rejected(429, "too_many_jobs", f"progress is tracked for at most "
+                               f"{self.settings.max_jobs} jobs at once (progress.max_jobs); one frees up when Ray "
+                               f"says a job ended, or when a job has not reported for "
+                               f"{self.settings.expire_after_seconds:g}s"))
         for key, count in new_ranks.items():
             if len(self.jobs.get(key, {})) + count > self.settings.max_ranks_per_job:
-                raise self.reject(Rejected(429, "too_many_ranks", f"job {key[1] or key[0]}: at most "
-                                           f"{self.settings.max_ranks_per_job} ranks per job "
-                                           "(progress.max_ranks_per_job)"))
+                raise self._refuse(added, Rejected(429, "too_many_ranks", f"job {key[1] or key[0]}: at most "
+                                   f"{self.settings.max_ranks_per_job} ranks per job (progress.max_ranks_per_job)"))
+        if self.series + added > self.settings.max_series:
+            raise self._refuse(added, Rejected(429, "too_many_series", f"the progress store holds at most "
+                               f"{self.settings.max_series} series (progress.max_series) and has "
+                               f"{self.series}; this batch needs {added} more"))
         now = self._clock()
         for report in runs:
-            health = self.runs.setdefault(report.run_id or "", RunHealth())
-            health.apply(report)
-            health.touched = now
+            run_id = report.run_id or ""
+            self.runs[run_id] = self.runs.get(run_id, RunHealth()).applied(report)
+            self.runs[run_id].touched = now
         for report in reports:
-            state = self.jobs.setdefault((report.job_id or "", report.submission_id or ""), {}).setdefault(
-                report.rank, RankState())
-            state.apply(report)
+            ranks = self.jobs.setdefault((report.job_id or "", report.submission_id or ""), {})
+            state = ranks.get(report.rank, RankState()).applied(report)
             state.touched = now
+            ranks[report.rank] = state
         self.accepted += len(reports) + len(runs)
+
+    def _refuse(self, added: int, rejected: Rejected) -> Rejected:
+        self.refused_series += added
+        return self.reject(rejected)
+
+    def _make_room(self, needed: int, new_jobs: int) -> None:
+        """Let doubtful jobs go, least recently reported first, until the batch fits (or none is left)."""
+        doubtful = sorted((key for key in self.doubtful if key in self.jobs), key=self._last_report)
+        for key in doubtful:
+            if (self.series + needed <= self.settings.max_series
+                    and len(self.jobs) + new_jobs <= self.settings.max_jobs):
+                return
+            del self.jobs[key]
+
+    def _last_report(self, key: JobKey) -> float:
+        return max((state.touched for state in self.jobs[key].values()), default=0.0)
+
+    def release(self, keys: Iterable[JobKey]) -> None:
+        """Let these jobs go now (Ray says they ended, or does not know them, and they went quiet)."""
+        for key in keys:
+            self.jobs.pop(key, None)
+
+    def quiet_since(self, key: JobKey) -> float:
+        """Seconds since the job's last report, on the store's clock."""
+        return self._clock() - self._last_report(key)
 
     def expire(self) -> None:
         cutoff = self._clock() - self.settings.expire_after_seconds

@@ -107,10 +107,8 @@ def configuration_markdown() -> str:
         "",
         "Collector names: " + ", ".join(f"`{name}`" for name in sorted(REGISTRY)) + " (see docs/metrics.md).",
         "",
-        "TLS and basic auth are configured in a separate web config file (`--web-config`), in the Prometheus "
-        "exporter-toolkit format: `tls_server_config` (`cert_file`, `key_file`, `client_auth_type` of "
-        "`NoClientCert`, `VerifyClientCertIfGiven` or `RequireAndVerifyClientCert`, `client_ca_file`, "
-        "`min_version`, `max_version`) and `basic_auth_users` (user: bcrypt hash). Relative paths are relative "
-        "to the web config file. Other exporter-toolkit settings are refused by name.",
+        "TLS, basic auth and a request rate limit are configured in a separate web config file "
+        "(`--web-config`) in the Prometheus exporter-toolkit format; see docs/web-config.md for every key, "
+        "certificate rotation and how raypulse differs from exporter-toolkit.",
         "",
     ])

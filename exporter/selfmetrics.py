@@ -52,3 +52,21 @@ OTLP_DROPPED_POINTS = counter("raypulse_exporter_otlp_dropped_points_total",
 OTLP_LAST_SUCCESS = gauge("raypulse_exporter_otlp_last_success_timestamp_seconds",
                           "Unix time of the last OTLP export the endpoint accepted.", collector=EXPORTER,
                           unit="seconds", only_when="after the first OTLP export the endpoint accepted")
+
+HTTP_CONNECTIONS = gauge("raypulse_exporter_http_connections", "Connections open to the exporter's HTTP ports "
+                         "(/metrics and the progress endpoint together).", collector=EXPORTER)
+HTTP_CONNECTION_LIMIT = gauge("raypulse_exporter_http_connection_limit", "The most connections served at once "
+                              "(http.max_connections, at most a quarter of the file descriptor limit).",
+                              collector=EXPORTER)
+HTTP_REFUSED = counter("raypulse_exporter_http_refused_total", "Answered 503 because the exporter was busy, by "
+                       "reason: connections (over http.max_connections), requests (over http.max_requests "
+                       "scrapes at once).", collector=EXPORTER, labels=("reason",))
+HTTP_CLOSED = counter("raypulse_exporter_http_closed_total", "Connections the exporter closed, by reason: idle "
+                      "(no whole request header within http.idle_timeout_seconds), write (the client read "
+                      "nothing for http.write_timeout_seconds), evicted (had sent nothing when a new "
+                      "connection needed its place under http.max_connections).", collector=EXPORTER,
+                      labels=("reason",))
+HTTP_CLIENT_ERRORS = counter("raypulse_exporter_http_client_errors_total", "Requests that failed on the client's "
+                             "side, by kind: bad_request (malformed HTTP), disconnect (went away mid-request), "
+                             "tls, timeout. Logged once a minute, without traceback.", collector=EXPORTER,
+                             labels=("kind",))

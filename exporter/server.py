@@ -8,6 +8,8 @@
 
 It also owns the training progress endpoint (a listener of its own, exporter/progress_server.py)
 and the OTLP pusher. What the parts hand each other goes through `Shared` (exporter/shared.py).
+Both ports are bounded by one `Guard` (exporter/guard.py: connections, idle and slow clients,
+scrapes at once); client mistakes are 4xx and counted (exporter/httplog.py), never a 500.
 """
 
 from __future__ import annotations
@@ -25,14 +27,15 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
-from exporter import __version__, wire
+from exporter import __version__, httplog, redact, wire
 from exporter.collector import REGISTRY, Collector, load_collectors
 from exporter.config import ExporterConfig, parse_listen
 from exporter.exposition import Format, Publisher
+from exporter.guard import Guard, GuardedTCPSite, runner_options
 from exporter.progress_server import ProgressEndpoint
 from exporter.scheduler import Scheduler
 from exporter.shared import Shared
-from exporter.webconfig import BasicAuth, WebConfig, load_web_config, ssl_context
+from exporter.webconfig import WebConfig, load_web_config, middlewares, ssl_context
 
 if TYPE_CHECKING:
     from exporter.otlp import OtlpPusher
@@ -51,6 +54,16 @@ def enabled_collectors(config: ExporterConfig, shared: Shared) -> list[Collector
     return collectors
 
 
+def negotiate(accept: str) -> Format:
+    """prometheus_client's negotiation picks the format (we serve its canonical version); an Accept
+    header it cannot parse (it raises on `version=x.y`) gets the text format, as if it had said nothing."""
+    try:
+        _, negotiated = choose_encoder(accept)
+    except (TypeError, ValueError):
+        return Format.TEXT
+    return Format.OPENMETRICS if negotiated.startswith("application/openmetrics-text") else Format.TEXT
+
+
 class Exporter:
     """Scheduler + publisher + aiohttp application; `start()`/`stop()` for tests and `serve()`."""
 
@@ -64,7 +77,9 @@ class Exporter:
                                             if self.web_config.tls_server_config else None)
         self.shared = shared or Shared.for_config(config)
         self.collectors = list(collectors) if collectors is not None else enabled_collectors(config, self.shared)
-        self.progress = ProgressEndpoint(config.progress, self.shared.progress)
+        self.guard = Guard(config.http)
+        self.progress = ProgressEndpoint(config.progress, self.shared.progress, guard=self.guard,
+                                         logger=httplog.LOGGER)
         self.publisher: Publisher | None = None
         self.scheduler: Scheduler | None = None
         self._runner: web.AppRunner | None = None
@@ -77,10 +92,9 @@ class Exporter:
         return "https" if self._ssl else "http"
 
     def make_app(self) -> web.Application:
-        middlewares = []
-        if self.web_config.basic_auth_users:
-            middlewares.append(BasicAuth(self.web_config.basic_auth_users).middleware())
-        app = web.Application(middlewares=middlewares)
+        # The web config's (rate limit, headers, client SANs, basic auth) come first: a request refused
+        # by them never holds one of the scrape slots.
+        app = web.Application(middlewares=[*middlewares(self.web_config), self.guard.scrape_limit()])
         app.router.add_get(wire.METRICS_PATH, self._metrics)
         app.router.add_get(wire.HEALTH_PATH, self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -91,15 +105,17 @@ class Exporter:
     async def start(self) -> None:
         scheduler = self.scheduler = Scheduler(self.collectors, self.config, on_change=self._changed)
         self.publisher = Publisher(scheduler.snapshots, scheduler.next_expiry)
+        scheduler.self_reporters.append(self.guard.report)
         self._start_otlp(scheduler)
         await self.publisher.render_now()
         self._publisher_task = asyncio.create_task(self.publisher.run(), name="publisher")
         self.shared.progress_endpoint_up.publish(await self.progress.start())
         self.scheduler.start()
         host, port = parse_listen(self.config.listen)
-        self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False, logger=httplog.LOGGER,
+                                     **runner_options(self.config.http))
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=self._ssl, reuse_address=True)
+        site = GuardedTCPSite(self._runner, host, port, self.guard, ssl_context=self._ssl, reuse_address=True)
         await site.start()
         self.port = self._runner.addresses[0][1]  # the real port when 0 was asked for
         log.info("raypulse exporter %s listening on %s://%s:%s with collectors: %s", __version__, self.scheme,
@@ -115,7 +131,7 @@ class Exporter:
         self._otlp = OtlpPusher(self.config.otlp, url, cluster=self.config.cluster,
                                 snapshots=lambda: publisher.latest_snapshots)
         scheduler.self_reporters.append(self._otlp.report)
-        log.info("pushing metrics over OTLP/HTTP to %s every %gs", url, self.config.otlp.interval_seconds)
+        log.info("pushing metrics over OTLP/HTTP to %s every %gs", redact.url(url), self.config.otlp.interval_seconds)
 
     def _changed(self) -> None:
         if self.publisher is not None:
@@ -136,9 +152,7 @@ class Exporter:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         assert self.publisher is not None
-        # prometheus_client's negotiation picks the format; we serve its canonical version.
-        _, negotiated = choose_encoder(request.headers.get("Accept", ""))
-        fmt = Format.OPENMETRICS if negotiated.startswith("application/openmetrics-text") else Format.TEXT
+        fmt = negotiate(request.headers.get("Accept", ""))
         want_gzip = gzip_accepted(request.headers.get("Accept-Encoding", ""))
         body = await self.publisher.body(fmt, want_gzip=want_gzip)
         headers = {"Content-Type": fmt.content_type}

@@ -8,11 +8,14 @@ What crosses:
 - environment variables the launcher gives the nodes and the job's processes;
 - default ports and HTTP paths of the exporter;
 - the names of the actors `launcher exporters deploy` places (the exporter's /sd reads them);
-- where the Ray auth token is found, as Ray itself looks for it.
+- where the Ray auth token is found, as Ray itself looks for it;
+- the token a job's processes show the progress endpoint (derived from the Ray token).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,6 +53,8 @@ ENV_RUN_ID = "RAYPULSE_RUN_ID"  # the run an attempt belongs to
 ENV_ATTEMPT = "RAYPULSE_ATTEMPT"  # the attempt's number (1-based)
 ENV_CHECKPOINT_DIR = "RAYPULSE_CHECKPOINT_DIR"  # where the run's checkpoints go (outlives the attempts)
 ENV_RESUME_FROM = "RAYPULSE_RESUME_FROM"  # the latest checkpoint of an earlier attempt (JSON: step, path)
+ENV_SUBMISSION_ID = "RAYPULSE_SUBMISSION_ID"  # the attempt's submission id, for every process of the job
+ENV_PROGRESS_TOKEN = "RAYPULSE_PROGRESS_TOKEN"  # the attempt's progress token (progress_token below)
 CHECKPOINT_MARKER = "raypulse-checkpoint.json"  # in the checkpoint dir: the latest checkpoint (step, path, time)
 ENV_CLUSTER_TAG = "RAYPULSE_CLUSTER_TAG"  # every process of a local cluster carries it (teardown finds them)
 ENV_HOME = "RAYPULSE_HOME"  # the launcher's state directory (default ~/.raypulse)
@@ -142,3 +147,28 @@ def ray_auth_token(environ: Mapping[str, str] = os.environ, home: Path | None = 
     if environ.get(ENV_RAY_AUTH_TOKEN_PATH):
         return _read_token_file(Path(environ[ENV_RAY_AUTH_TOKEN_PATH]).expanduser(), ENV_RAY_AUTH_TOKEN_PATH)
     return _read_token_file((home or Path.home()) / ".ray" / "auth_token", "~/.ray/auth_token")
+
+
+# --- the progress endpoint's per-job token ------------------------------------------------------------
+# A report names whose progress it is (a submission id, else a Ray job id; a launcher run for kind
+# "run"); where Ray token authentication is on, the endpoint accepts it only with the token for that
+# owner: HMAC-SHA256(Ray token, "<kind>:<id>"). The launcher hands each attempt its token; a process
+# that can read the Ray token could act as the whole cluster anyway, so it may derive one itself.
+PROGRESS_OWNER_KINDS = ("submission", "job", "run")
+
+
+def progress_owner(kind: str, run_id: str | None, submission_id: str | None, job_id: str | None) -> tuple[str, str]:
+    """Whose progress a report is: its run for kind "run", else its submission id, else its Ray job id."""
+    if kind == "run":
+        return "run", run_id or ""
+    if submission_id:
+        return "submission", submission_id
+    return "job", job_id or ""
+
+
+def progress_token(key: str, owner_kind: str, owner_id: str) -> str:
+    """The token for one owner, hex; `key` is the Ray auth token."""
+    if owner_kind not in PROGRESS_OWNER_KINDS:
+        raise ValueError(f"owner kind must be one of {PROGRESS_OWNER_KINDS}, not {owner_kind!r}")
+    message = f"raypulse-progress/{owner_kind}:{owner_id}".encode()
+    return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()

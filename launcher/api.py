@@ -41,10 +41,13 @@ from launcher.run import Run, finish_run, job_view, submission_id, update_attemp
 from launcher.spec import JobSpec, build_spec
 from launcher.state import (
     ClusterRecord,
+    ExporterAccess,
     RunRecord,
     clear_stop,
     load_cluster,
+    load_deployment_access,
     load_run,
+    private_dir,
     request_stop,
     run_dir,
 )
@@ -77,7 +80,7 @@ def _checkpoint_dir(spec: JobSpec) -> str | None:
         return spec.checkpoint_dir  # a kept local cluster's nodes are on this machine too: handled below
     path = Path(spec.checkpoint_dir) if spec.checkpoint_dir else run_dir(spec.run_id or "") / "checkpoints"
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(path)
         probe = path / f".raypulse-write-check-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
@@ -98,21 +101,27 @@ def _healing(spec: JobSpec, journal: Journal, client: JobsClient, cluster: Local
     if cluster is not None or kept is not None:
         def targets() -> list[Target]:
             record = cluster.record if cluster is not None else kept
-            return [Target(ref.node, ref.url) for ref in record.exporters] if record is not None else []
+            if record is None:
+                return []
+            # Exporters under a web config are read with the launcher's own credentials and trust.
+            return [Target(ref.node, ref.url, record.exporter_access) for ref in record.exporters]
 
         record = cluster.record if cluster is not None else kept
         head = next((ref.progress_url for ref in record.exporters if ref.role == "head"), None) if record else None
         remedy: NodeRemedy = LocalRemedy(cluster) if cluster is not None else DrainRemedy(client)
         return Healing(spec.health, journal, targets, remedy, dashboard, progress_url=head, local_processes=True)
-    return Healing(spec.health, journal, from_sd(_head_exporter(client) + wire.SD_PATH), DrainRemedy(client),
-                   dashboard)
+    # Exporters deployed from here with a web config are read with the deploy's credentials and trust.
+    access = load_deployment_access(client.address)
+    sd_url = _head_exporter(client, access) + wire.SD_PATH
+    targets = from_sd(sd_url, access)
+    return Healing(spec.health, journal, targets, DrainRemedy(client), dashboard)
 
 
-def _head_exporter(client: JobsClient) -> str:
+def _head_exporter(client: JobsClient, access: ExporterAccess | None = None) -> str:
     """The head's exporter: the one `launcher exporters deploy` placed there, else the default port on
     the dashboard's host (an exporter started by hand)."""
     try:
-        rows = remote.exporters_status(client)["nodes"]
+        rows = remote.exporters_status(client, access)["nodes"]
         head = next((row["exporter_url"] for row in rows if row["role"] == "head" and row["exporter_url"]), None)
         if head:
             return head

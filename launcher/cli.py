@@ -21,7 +21,7 @@ import click
 import psutil
 
 from exporter import __version__
-from launcher import api, kuberay
+from launcher import api, kuberay, redact
 from launcher.display import PlainReporter, Reporter, reporter_for_terminal
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
@@ -70,6 +70,8 @@ SPEC_OPTIONS: dict[str, str] = {
     "namespace": "namespace",
     "queue": "queue",
     "exporter_image": "exporter_image",
+    "exporter_web_config": "exporter_web_config",
+    "exporter_web_config_secret": "exporter_web_config_secret",
     "otlp_endpoint": "otlp_endpoint",
     "checkpoint_dir": "checkpoint_dir",
     "no_health": "health.enabled",
@@ -204,6 +206,10 @@ def spec_options(func: Callable) -> Callable:
         click.option("--namespace", help="Kubernetes namespace [default]."),
         click.option("--queue", help="Kueue LocalQueue (adds kueue.x-k8s.io/queue-name)."),
         click.option("--exporter-image", help="Exporter sidecar image on Kubernetes [--image]."),
+        click.option("--exporter-web-config", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+                     help="TLS and basic auth of the local cluster's exporters (exporter-toolkit web config)."),
+        click.option("--exporter-web-config-secret", metavar="SECRET",
+                     help="Kubernetes Secret with web-config.yml (+ its certificates) for the exporter sidecars."),
         click.option("--otlp-endpoint", metavar="URL", help="Trace the run to this OTLP/HTTP collector "
                      "(http://collector:4318) [OTEL_EXPORTER_OTLP_ENDPOINT]."),
         click.option("--checkpoint-dir", metavar="PATH|URI", help="Where the run's checkpoints go, across attempts "
@@ -359,7 +365,7 @@ def _status_text(record: RunRecord) -> str:
         lines.append(f"events    {len(shown)}" + (f" (the latest {EVENTS_SHOWN})" if len(shown) > EVENTS_SHOWN else ""))
         for event in shown[-EVENTS_SHOWN:]:
             lines.append(f"  {_when(event.time)}  {event.kind:<22} {event.message or ''}".rstrip())
-    return "\n".join(lines)
+    return redact.text("\n".join(lines))  # reasons and messages may quote a command or a URL
 
 
 def _read(action: str, call: Callable[[], Any]) -> Any:
@@ -381,7 +387,7 @@ def status(run_id: str, address: str | None, cluster: str | None, token_path: Pa
     """Show a run: its state, exit code and every attempt."""
     record = _read("status", lambda: api.status(run_id, address=address, cluster=cluster, token_path=token_path))
     if output == "json":
-        _print_json(record.model_dump(mode="json", exclude={"spec"}))
+        _print_json(redact.details(record.model_dump(mode="json", exclude={"spec"})))
     else:
         click.echo(_status_text(record))
 
@@ -466,8 +472,8 @@ def list_command(address: str | None, cluster: str | None, token_path: Path | No
     else:
         runs, clusters = list_runs(), list_clusters()
     if output == "json":
-        _print_json({"runs": [run.model_dump(mode="json", exclude={"spec"}) for run in runs],
-                     "clusters": [item.model_dump(mode="json") for item in clusters]})
+        _print_json(redact.details({"runs": [run.model_dump(mode="json", exclude={"spec"}) for run in runs],
+                                    "clusters": [item.model_dump(mode="json") for item in clusters]}))
         return
     click.echo(f"{'RUN':<34} {'STATE':<18} {'ATTEMPTS':<8} {'BACKEND':<8} STARTED")
     for run in runs:

@@ -1,6 +1,9 @@
 """How the launcher tells a person what it is doing: a rich display of each step on a terminal,
 plain `launcher: ...` lines otherwise (logs, CI). Step messages go to stderr; the job's own output
 goes to stdout, so `launcher submit ... > out.txt` captures exactly what the job printed.
+
+The launcher's own lines pass through launcher/redact.py (a message quoting a command or a URL never
+shows a password); the job's output is the job's and is shown as it is.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import TextIO
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+
+from launcher import redact
 
 
 class Reporter:
@@ -47,6 +52,7 @@ class PlainReporter(Reporter):
         self._lock = threading.Lock()
 
     def _line(self, text: str) -> None:
+        text = redact.text(text)
         with self._lock:
             self._err.write(f"launcher: {text}\n")
             self._err.flush()
@@ -93,26 +99,26 @@ class RichReporter(PlainReporter):
         if self._progress is None:
             super().step(key, text)
             return
-        self._tasks[key] = self._progress.add_task(escape(text), total=1)
+        self._tasks[key] = self._progress.add_task(escape(redact.text(text)), total=1)
 
     def done(self, key: str, text: str) -> None:
         task = self._tasks.pop(key, None)
         if self._progress is None or task is None:
             super().done(key, text)
             return
-        self._progress.update(task, description=escape(text), completed=1)
+        self._progress.update(task, description=escape(redact.text(text)), completed=1)
 
     def _print(self, markup: str) -> None:
         (self._progress.console if self._progress else self._console).print(markup, soft_wrap=True)
 
     def _line(self, text: str) -> None:  # the plain reporter's lines, once the live display is over
-        self._print(f"[bold]launcher:[/] {escape(text)}")
+        self._print(f"[bold]launcher:[/] {escape(redact.text(text))}")
 
     def info(self, text: str) -> None:
-        self._print(f"[bold]launcher:[/] {escape(text)}")
+        self._print(f"[bold]launcher:[/] {escape(redact.text(text))}")
 
     def warn(self, text: str) -> None:
-        self._print(f"[bold yellow]launcher: warning:[/] {escape(text)}")
+        self._print(f"[bold yellow]launcher: warning:[/] {escape(redact.text(text))}")
 
     def log(self, text: str) -> None:
         self._end_live()

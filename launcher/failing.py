@@ -8,12 +8,13 @@ from typing import Any, NoReturn
 
 import click
 
+from launcher import redact
 from launcher.exitcodes import ExitCode
 from launcher.journal import Journal
 
 
 def fail(command: str, message: object, code: ExitCode, **details: Any) -> NoReturn:
-    click.echo(f"launcher: {message}", err=True)
+    click.echo(f"launcher: {redact.text(str(message))}", err=True)  # a refused URL may carry a password
     kind = "command.refused" if code == ExitCode.BAD_INPUT else "command.failed"
     Journal().emit(kind, command=command, error=str(message), **details)
     sys.exit(int(code))

@@ -265,9 +265,13 @@ class Healing:
             return
         report = {"kind": "run", "run_id": self.record.run_id, "time": time.time(),
                   **{key: value for key, value in fields.items() if value is not None}}
+        headers = {"Content-Type": "application/json"}
+        token = self.dashboard.token if self.dashboard is not None else None
+        if token:
+            headers["Authorization"] = f"Bearer {wire.progress_token(token, 'run', self.record.run_id)}"
         request = urllib.request.Request(self.progress_url.rstrip("/") + wire.PROGRESS_PATH,
                                          data=json.dumps({"reports": [report]}).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+                                         headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=PUBLISH_TIMEOUT_S):
                 pass

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from launcher import audit
+from launcher import audit, redact
 from launcher.display import Reporter
 from launcher.exitcodes import FINAL_STATES
 from launcher.state import AttemptRecord, EventRecord, RunRecord
@@ -231,7 +231,7 @@ class _TraceSink:
             self.end_attempt(d["state"])
         else:
             span = self.attempt.span if self.attempt is not None else self.run_trace.root
-            span.add_event(kind, {key: str(value) for key, value in d.items() if value is not None})
+            span.add_event(kind, {key: str(value) for key, value in redact.details(d).items() if value is not None})
 
     def close(self, state: str) -> None:
         """The run is left (its launcher closes): whatever is open ends as it is."""

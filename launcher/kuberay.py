@@ -2,6 +2,13 @@
 deadlines, shutdownAfterJobFinishes, runtime env, token auth), the Secret holding its token, the
 exporter as a sidecar in every Ray pod, and a PodMonitor that scrapes those sidecars.
 
+The sidecar runs unprivileged (SIDECAR_SECURITY: non-root, no privilege escalation, no capabilities,
+read-only root filesystem with an emptyDir /tmp); reading GPUs through NVML needs the device, which
+the runtime grants by resources, not privileges. With `exporter_web_config_secret` it serves TLS (and
+basic auth, if the web config has users) from a Secret the user made: the Secret is mounted read-only
+at WEB_CONFIG_MOUNT and must hold web-config.yml and the files it names (paths relative to it), the
+probes speak HTTPS and the PodMonitor scrapes HTTPS, trusting the Secret's ca.crt (docs/deploy.md).
+
 The RayJob validates against the v1 schema of KubeRay's CRD (tests/data/kuberay/) and follows
 the rules KubeRay's own validation adds (DNS-1035 name of at most 47 characters, node labels in the
 group `labels` field rather than rayStartParams, token auth with rayVersion >= 2.52). Queueing and
@@ -10,6 +17,7 @@ quota belong to Kueue: naming a queue adds its label, and Kueue suspends and adm
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import json
 import os
@@ -30,6 +38,23 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 TOKEN_SECRET_KEY = "auth_token"  # KubeRay's RAY_AUTH_TOKEN_SECRET_KEY
 EXPORTER_PORT_NAME = "raypulse"
 POD_LABEL_RUN_ID = "raypulse.io/run-id"  # the PodMonitor selects the run's pods by it
+WEB_CONFIG_VOLUME = "raypulse-web-config"
+WEB_CONFIG_MOUNT = "/etc/raypulse/web"
+WEB_CONFIG_KEY = "web-config.yml"  # the Secret's key holding the web config
+CA_KEY = "ca.crt"  # the Secret's key the PodMonitor verifies the exporters' certificates with
+TLS_SERVER_NAME = "raypulse-exporter"  # the name the exporters' certificate must carry (a DNS SAN)
+TMP_VOLUME = "raypulse-tmp"
+# The rayproject/ray images run as `ray`, uid 1000 (gid 100): the exporter needs nothing more.
+SIDECAR_USER, SIDECAR_GROUP = 1000, 100
+SIDECAR_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": SIDECAR_USER,
+    "runAsGroup": SIDECAR_GROUP,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def _pod_labels(spec: JobSpec) -> dict[str, str]:
@@ -57,6 +82,12 @@ def _container_resources(cpus: float, memory: int | None, gpus: int = 0) -> dict
 def _exporter_sidecar(spec: JobSpec, role: str, dashboard: str, secret: str) -> dict[str, Any]:
     args = ["serve", "--listen", f"0.0.0.0:{spec.exporter_port}", "--ray-dashboard", dashboard,
             "--cluster", spec.run_id, "--ray-role", role, "--progress-listen", f"127.0.0.1:{spec.progress_port}"]
+    mounts = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
+    scheme = "HTTP"
+    if spec.exporter_web_config_secret:
+        args += ["--web-config", f"{WEB_CONFIG_MOUNT}/{WEB_CONFIG_KEY}"]
+        mounts.append({"name": WEB_CONFIG_VOLUME, "mountPath": WEB_CONFIG_MOUNT, "readOnly": True})
+        scheme = "HTTPS"  # the kubelet does not check the certificate; it sends no credentials (auth_excluded_paths)
     return {
         "name": "raypulse-exporter",
         "image": spec.exporter_image or spec.image,
@@ -67,11 +98,24 @@ def _exporter_sidecar(spec: JobSpec, role: str, dashboard: str, secret: str) -> 
             {"name": "RAY_AUTH_MODE", "value": "token"},
             {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": TOKEN_SECRET_KEY}}},
         ],
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": EXPORTER_PORT_NAME}, "periodSeconds": 10},
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": EXPORTER_PORT_NAME}, "periodSeconds": 20,
-                          "failureThreshold": 6},
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": EXPORTER_PORT_NAME, "scheme": scheme},
+                           "periodSeconds": 10},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": EXPORTER_PORT_NAME, "scheme": scheme},
+                          "periodSeconds": 20, "failureThreshold": 6},
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
+        "securityContext": copy.deepcopy(SIDECAR_SECURITY),  # one object per pod: YAML without aliases
+        "volumeMounts": mounts,
     }
+
+
+def _sidecar_volumes(spec: JobSpec) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}]
+    if spec.exporter_web_config_secret:
+        volumes.append({"name": WEB_CONFIG_VOLUME,
+                        # Readable by the sidecar's user without an fsGroup (which would chown the Ray
+                        # container's volumes too); mounted into the sidecar only.
+                        "secret": {"secretName": spec.exporter_web_config_secret, "defaultMode": 0o444}})
+    return volumes
 
 
 def _ray_container(spec: JobSpec, name: str, resources: dict[str, Any], ports: list[tuple[str, int]]) -> dict:
@@ -113,7 +157,7 @@ def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
         "spec": {"containers": [
             _ray_container(spec, "ray-head", _container_resources(spec.head.cpus, spec.head.memory), RAY_PORTS),
             _exporter_sidecar(spec, "head", head_dashboard, secret),
-        ]},
+        ], "volumes": _sidecar_volumes(spec)},
     }
     worker_groups = []
     for group in spec.worker_groups:
@@ -123,7 +167,7 @@ def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
                 _ray_container(spec, "ray-worker", _container_resources(group.cpus, group.memory, group.gpus),
                                [("metrics", 8080)]),
                 _exporter_sidecar(spec, "worker", worker_dashboard, secret),
-            ]},
+            ], "volumes": _sidecar_volumes(spec)},
         }
         worker_groups.append({
             "groupName": group.name,
@@ -177,13 +221,17 @@ def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
         "type": "Opaque",
         "stringData": {TOKEN_SECRET_KEY: token or secrets.token_hex(32)},
     }
+    endpoint: dict[str, Any] = {"port": EXPORTER_PORT_NAME, "path": "/metrics", "interval": "15s"}
+    if spec.exporter_web_config_secret:
+        endpoint.update(scheme="https", tlsConfig={
+            "ca": {"secret": {"name": spec.exporter_web_config_secret, "key": CA_KEY}}, "serverName": TLS_SERVER_NAME})
     pod_monitor = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
         "metadata": {"name": f"{name}-raypulse", "namespace": namespace, "labels": labels},
         "spec": {
             "selector": {"matchLabels": {POD_LABEL_RUN_ID: name}},
-            "podMetricsEndpoints": [{"port": EXPORTER_PORT_NAME, "path": "/metrics", "interval": "15s"}],
+            "podMetricsEndpoints": [endpoint],
         },
     }
     return [token_secret, rayjob, pod_monitor]

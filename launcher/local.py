@@ -1,6 +1,9 @@
 """A Ray cluster on this machine: one head (driver only), the workers of the spec, one exporter per
 node, token authentication, its own temp dir, and a teardown that leaves no process behind.
 
+With `exporter_web_config`, the exporters serve TLS and basic auth from the launcher's copy of that
+file (launcher/exporter_plan.py), and the record says how the launcher reaches them (ExporterAccess).
+
 Every node is a `ray start --block` child in its own session: that process owns the node's Ray
 processes and kills them when it gets SIGTERM (Ray's own shutdown hook), and a terminal's Ctrl-C
 reaches only the launcher, which then stops the job first. Every process of the cluster also
@@ -29,12 +32,13 @@ from pathlib import Path
 import psutil
 
 from exporter import wire
+from exporter.config import ConfigError
 from launcher.errors import BadInput, InfraError
-from launcher.exporter_plan import ExporterPlan
+from launcher.exporter_plan import ExporterPlan, prepare_web_config
 from launcher.journal import Journal
 from launcher.raydash import RayDashboard
 from launcher.spec import JobSpec
-from launcher.state import ClusterRecord, ExporterRef, ProcessRef, cluster_dir, write_token
+from launcher.state import ClusterRecord, ExporterAccess, ExporterRef, ProcessRef, cluster_dir, write_token
 
 HEAD_OBJECT_STORE = 256 * 2**20  # the head holds only the driver's objects
 WORKER_OBJECT_STORE = 512 * 2**20  # per worker, unless it has a memory size (then 20% of it)
@@ -192,6 +196,7 @@ class LocalCluster:
         check_ports(nodes)
         if cluster_dir(self.name).joinpath("cluster.json").exists():
             raise PortInUse(f"cluster: a cluster named {self.name!r} is already running; `launcher down {self.name}`")
+        access = self._web_config(nodes)
         self.journal.emit("cluster.starting", cluster=self.name, nodes=len(nodes))
         token = secrets.token_hex(32)
         token_path = write_token(self.name, token)
@@ -199,6 +204,7 @@ class LocalCluster:
         self.record = ClusterRecord(
             name=self.name, address=f"http://127.0.0.1:{dashboard_port}", gcs_address=f"127.0.0.1:{gcs_port}",
             token_path=str(token_path), temp_dir=temp_dir, tag=f"{self.name}-{secrets.token_hex(4)}", kept=self.kept,
+            exporter_access=access,
             exporters=[ExporterRef(node=n.name, role=n.role, url=n.exporter.url, progress_url=n.exporter.progress_url,
                                    gpu_control=n.exporter.gpu_control) for n in nodes])
         self.record.save()
@@ -214,6 +220,22 @@ class LocalCluster:
         self.journal.emit("cluster.up", cluster=self.name, nodes=len(nodes), address=self.record.address,
                           seconds=round(time.monotonic() - started, 2), kept=self.kept)
         return self.record
+
+    def _web_config(self, nodes: list[NodePlan]) -> ExporterAccess | None:
+        """The exporters' web config, the launcher's copy written beside the record; nothing has started
+        yet, so a file that stopped being usable since the spec was checked is still bad input."""
+        source = self.spec.exporter_web_config
+        if source is None:
+            return None
+        try:
+            access = prepare_web_config(source, cluster_dir(self.name))
+        except (ConfigError, OSError) as exc:
+            shutil.rmtree(cluster_dir(self.name), ignore_errors=True)
+            raise BadInput(f"exporter_web_config: {exc}; fix the file, or leave --exporter-web-config out") from None
+        for node in nodes:
+            node.exporter = dataclasses.replace(node.exporter, web_config=access.web_config,
+                                                tls=access.tls_trust_file is not None)
+        return access
 
     def _environment(self, token_path: Path, node: NodePlan) -> dict[str, str]:
         env = {key: value for key, value in os.environ.items()

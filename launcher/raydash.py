@@ -24,16 +24,27 @@ class DashboardHttpError(OSError):
         self.status = status
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib would send the Authorization header on to wherever a redirect points: a 3xx is answered as is."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 class RayDashboard:
     def __init__(self, address: str, token: str | None) -> None:
         self.address = address.rstrip("/")
+        self.token = token
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def get(self, path: str, timeout: float = 10) -> tuple[int, bytes]:
         """(HTTP status, body) of GET address+path; OSError when the dashboard cannot be reached."""
         request = urllib.request.Request(self.address + path, headers=self.headers)
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with _OPENER.open(request, timeout=timeout) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as error:
             return error.code, error.read()

@@ -27,7 +27,7 @@ from launcher.exitcodes import FINAL_STATES, ExitCode
 from launcher.jobs import TERMINAL, ClusterLost, JobsClient
 from launcher.journal import Journal
 from launcher.spec import JobSpec
-from launcher.state import AttemptRecord, RunRecord, request_stop, stop_requested
+from launcher.state import AttemptRecord, RunRecord, request_stop, stop_requested, write_private
 
 if TYPE_CHECKING:
     from launcher.healing import Healing
@@ -78,6 +78,15 @@ def runtime_env(spec: JobSpec, attempt: int | None = None, trace_parent: str | N
         env_vars["TRACEPARENT"] = trace_parent
     if env_vars:
         env["env_vars"] = env_vars
+    return env
+
+
+def attempt_identity(ray_token: str | None, sid: str) -> dict[str, str]:
+    """Every process of the attempt knows its submission id and, where Ray tokens are on, the token the
+    progress endpoint wants for it (a process of another job cannot report as this one)."""
+    env = {wire.ENV_SUBMISSION_ID: sid}
+    if ray_token:
+        env[wire.ENV_PROGRESS_TOKEN] = wire.progress_token(ray_token, "submission", sid)
     return env
 
 
@@ -198,7 +207,8 @@ class Run:
         self._attempt_started = time.time() if attempt > 1 else self.record.created_at
         self.journal.emit("attempt.submitting", attempt=attempt, submission_id=sid)
         if self.client.details(sid) is None:  # status first, also for retries
-            extra = self.healing.attempt_env(attempt) if self.healing is not None else {}
+            extra = {**attempt_identity(self.client.dashboard.token, sid),
+                     **(self.healing.attempt_env(attempt) if self.healing is not None else {})}
             try:
                 self.client.submit(sid, self.spec.entrypoint,
                                    runtime_env(self.spec, attempt, self.journal.traceparent(), extra),
@@ -380,9 +390,7 @@ class Run:
             return
         if self.follow_logs and len(text) > printed:
             self.reporter.log(text[printed:])
-        path = self.record.attempt_log(attempt)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_private(self.record.attempt_log(attempt), text)  # 0600: a job's log may print its secrets
 
     def _finish(self, state: str, reason: str | None) -> RunRecord:
         # A deadline's reason was set when it passed (which one, how long).

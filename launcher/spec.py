@@ -25,7 +25,9 @@ from pydantic import (
 )
 
 from exporter import strict, wire
+from exporter.config import ConfigError
 from exporter.strict import Strict
+from exporter.webconfig import load_web_config
 from launcher.entrypoint import EntrypointError, validate_entrypoint
 from launcher.errors import BadInput
 from launcher.health.policy import HealthPolicy
@@ -188,6 +190,12 @@ class JobSpec(_Strict):
     namespace: str = Field("default", description="Kubernetes namespace")
     queue: str | None = Field(None, description="Kueue LocalQueue name")
     exporter_image: str | None = Field(None, description="exporter sidecar image (default: image)")
+    exporter_web_config: Path | None = Field(None, description="web config file (TLS, basic auth; exporter-toolkit "
+                                             "format) of the local cluster's exporters, checked before anything "
+                                             "starts (docs/deploy.md)")
+    exporter_web_config_secret: str | None = Field(None, description="Kubernetes Secret holding web-config.yml and "
+                                                   "the certificates it names, mounted into every exporter sidecar; "
+                                                   "the sidecars then serve HTTPS (docs/deploy.md)")
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP base URL the run's trace goes to (/v1/traces is "
                                       "added); unset: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, else no tracing")
     health: HealthPolicy = Field(default_factory=HealthPolicy)
@@ -211,6 +219,19 @@ class JobSpec(_Strict):
         if value is not None and (not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value) or len(value) > 63):
             raise ValueError(f"{value!r} is not a Kubernetes name (lowercase letters, digits, '-'; at most 63)")
         return value
+
+    @field_validator("exporter_web_config_secret")
+    @classmethod
+    def _secret_name(cls, value: str | None) -> str | None:
+        if value is not None and (not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
+                                                   value) or len(value) > 253):
+            raise ValueError(f"{value!r} is not a Kubernetes Secret name (lowercase letters, digits, '-', '.')")
+        return value
+
+    @field_validator("exporter_web_config")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        return value if value is None else value.expanduser().absolute()  # a retry may run from elsewhere
 
     @field_validator("otlp_endpoint")
     @classmethod
@@ -264,12 +285,14 @@ class JobSpec(_Strict):
         only = {"address": ("existing",), "cluster": ("existing",), "token_path": ("existing",),
                 "keep_cluster": ("local", "kuberay"), "simulate_gpus": ("local",), "queue": ("kuberay",),
                 "exporter_image": ("kuberay",), "otlp_endpoint": ("local", "existing"),
-                "checkpoint_dir": ("local", "existing")}
+                "checkpoint_dir": ("local", "existing"), "exporter_web_config": ("local",),
+                "exporter_web_config_secret": ("kuberay",)}
         for field, backends in only.items():
             if getattr(self, field) not in (None, False) and backend not in backends:
                 raise ValueError(f"{field}: applies to backend {' or '.join(backends)} only; this job's backend "
-                                 f"is {backend}")
+                                 f"is {backend}" + _WEB_CONFIG_ELSEWHERE.get(field, ""))
         self._check_health(backend)
+        self._check_web_config()
         if self.address and self.cluster:
             raise ValueError("address: give either address or cluster, not both")
         if backend == "existing" and not (self.address or self.cluster):
@@ -281,6 +304,25 @@ class JobSpec(_Strict):
         if self.address and not re.match(r"^https?://[^/\s]+/?$", self.address):
             raise ValueError(f"address: {self.address!r} is not a dashboard URL like http://head:8265")
         return self
+
+    def _check_web_config(self) -> None:
+        """The exporters' web config is read and checked here, so that a file that cannot work is refused
+        before anything starts: missing, unreadable, invalid, or needing a client certificate the
+        launcher's own reads of the exporters (the health watcher) cannot present."""
+        if self.exporter_web_config is None:
+            return
+        fix = "fix the file, or leave --exporter-web-config out"
+        try:
+            config = load_web_config(self.exporter_web_config)
+        except ConfigError as exc:
+            raise ValueError(f"exporter_web_config: {exc}; {fix}") from None
+        tls = config.tls_server_config
+        if tls is not None and tls.client_auth_type == "RequireAndVerifyClientCert" and self.health.enabled:
+            raise ValueError(f"exporter_web_config: {self.exporter_web_config}: client_auth_type "
+                             "RequireAndVerifyClientCert leaves the launcher's health watcher, which reads every "
+                             "exporter, without a client certificate to present; use VerifyClientCertIfGiven "
+                             "(the launcher then reads with the password it adds for itself), or turn the watcher "
+                             "off (--no-health)")
 
     def _check_health(self, backend: Backend) -> None:
         """A health policy that cannot work is refused before anything starts."""
@@ -320,6 +362,12 @@ class JobSpec(_Strict):
             return self
         return self.model_copy(update={"run_id": f"{self.name}-{secrets.token_hex(4)}"})
 
+
+_WEB_CONFIG_ELSEWHERE = {
+    "exporter_web_config": " (KubeRay: exporter_web_config_secret names a Secret holding it; existing clusters: "
+                           "`launcher exporters deploy --web-config FILE`)",
+    "exporter_web_config_secret": " (local clusters: exporter_web_config is the file itself)",
+}
 
 UNKNOWN_FIELD = "unknown field (check the spelling; see README's launcher section for the fields)"
 

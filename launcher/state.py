@@ -5,33 +5,84 @@
     runs/<run_id>/stop              `launcher stop` asks the submitting process to stop (no retries)
     clusters/<name>/cluster.json    a running local cluster: address, processes, exporters
     clusters/<name>/token           its Ray auth token (mode 0600)
+    clusters/<name>/exporter-*      its exporters' web config and the launcher's password (exporter_web_config)
+    deployments/<host_port>/        `launcher exporters deploy --web-config` to the cluster of that dashboard: how
+                                    the launcher reaches those exporters (access.json, its password, their cert)
     audit.log                       JSON lines, one per action (launcher/audit.py)
 
 Records are written whole and atomically (temp file + rename), so a reader never sees half of one.
+Everything here is private to the user: files 0600, directories 0700 (write_private, private_dir),
+and a file or directory an older launcher left looser is tightened when it is next written. Secrets
+are not kept in records at all: a run's spec is saved with its environment variable values and
+credential-looking arguments redacted (launcher/redact.py); nothing reads them back (a retry runs
+in the launcher process that holds the spec, and a re-submission gives the spec again).
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import http.client
 import os
+import re
+import shutil
+import ssl
+import stat
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_serializer
 
 from exporter import wire
+from launcher import redact
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 def home() -> Path:
     return Path(os.environ.get(wire.ENV_HOME) or "~/.raypulse").expanduser()
 
 
-def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
+def private_dir(path: Path) -> Path:
+    """`path` as a directory (made with its parents if missing) that only this user can enter: it and
+    every directory between it and $RAYPULSE_HOME (included) are 0700, tightened if they were looser.
+    A directory outside $RAYPULSE_HOME (a checkpoint dir the user named) is made 0700 if new, else
+    left as it is."""
+    path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    root = home().absolute()
+    target = path.absolute()
+    for directory in (target, *target.parents):
+        if directory != root and root not in directory.parents:
+            break
+        with contextlib.suppress(OSError):  # not ours (a shared parent): nothing to tighten
+            if stat.S_IMODE(directory.stat().st_mode) != DIR_MODE and directory.stat().st_uid == os.getuid():
+                directory.chmod(DIR_MODE)
+        if directory == root:
+            break
+    return path
+
+
+def write_private(path: Path, text: str | bytes, mode: int = FILE_MODE) -> None:
+    """Write a whole file atomically (temp file + rename) with `mode` (0600: this user only), in a
+    private directory. The temp file is opened without following a link and replaced if it exists, so
+    nothing another user planted is written through."""
+    private_dir(path.parent)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        temp.unlink()
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        os.fchmod(fd, mode)  # whatever the umask
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as handle:
+            handle.write(text)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
     os.replace(temp, path)
 
 
@@ -52,6 +103,44 @@ class ExporterRef(BaseModel):
     gpu_control: str | None = None  # simulated GPUs: the file `exporter gpu-fault --control` writes faults to
 
 
+class ExporterAccess(BaseModel):
+    """How the launcher reaches exporters it started under a web config (TLS, basic auth): the
+    exporters' own certificate is the one it trusts (pinned: the host name is not checked, since the
+    exporters listen on node IPs a certificate rarely names), and it authenticates as a user of its
+    own, whose password it keeps 0600 beside the cluster record."""
+
+    web_config: str | None = None  # the file local exporters were started with (--web-config)
+    tls_trust_file: str | None = None  # the exporters' certificate (chain); None: plain HTTP
+    username: str | None = None  # None: the web config has no basic auth
+    password_file: str | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_trust_file else "http"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls_trust_file is None:
+            return None
+        context = ssl.create_default_context(cafile=self.tls_trust_file)
+        context.check_hostname = False
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf itself is a trust anchor
+        return context
+
+    def authorization(self) -> str | None:
+        if self.username is None or self.password_file is None:
+            return None
+        password = Path(self.password_file).read_text().strip()
+        return "Basic " + base64.b64encode(f"{self.username}:{password}".encode()).decode()
+
+    def urlopen(self, request: str | urllib.request.Request, timeout: float) -> http.client.HTTPResponse:
+        """urllib.request.urlopen with this trust and these credentials (never sent on a redirect)."""
+        request = request if isinstance(request, urllib.request.Request) else urllib.request.Request(request)
+        authorization = self.authorization()
+        if authorization:
+            request.add_unredirected_header("Authorization", authorization)
+        return urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context())
+
+
 class ClusterRecord(BaseModel):
     name: str
     address: str  # dashboard URL (Jobs API)
@@ -63,13 +152,14 @@ class ClusterRecord(BaseModel):
     started_at: float = Field(default_factory=time.time)
     processes: list[ProcessRef] = Field(default_factory=list)
     exporters: list[ExporterRef] = Field(default_factory=list)
+    exporter_access: ExporterAccess | None = None  # None: the exporters have no web config (plain HTTP)
 
     @property
     def directory(self) -> Path:
         return cluster_dir(self.name)
 
     def save(self) -> None:
-        _write_atomic(self.directory / "cluster.json", self.model_dump_json(indent=2))
+        write_private(self.directory / "cluster.json", self.model_dump_json(indent=2))
 
 
 def cluster_dir(name: str) -> Path:
@@ -91,8 +181,30 @@ def list_clusters() -> list[ClusterRecord]:
 
 def write_token(name: str, token: str) -> Path:
     path = cluster_dir(name) / "token"
-    _write_atomic(path, token, mode=0o600)
+    write_private(path, token)
     return path
+
+
+def deployment_dir(address: str) -> Path:
+    """Where `launcher exporters deploy` keeps what it needs to reach the exporters of the cluster
+    whose dashboard is `address`."""
+    netloc = urlsplit(address).netloc or address
+    return home() / "deployments" / re.sub(r"[^A-Za-z0-9_.-]", "_", netloc.rpartition("@")[2])
+
+
+def save_deployment_access(address: str, access: ExporterAccess) -> None:
+    write_private(deployment_dir(address) / "access.json", access.model_dump_json(indent=2))
+
+
+def load_deployment_access(address: str) -> ExporterAccess | None:
+    try:
+        return ExporterAccess.model_validate_json((deployment_dir(address) / "access.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def forget_deployment(address: str) -> None:
+    shutil.rmtree(deployment_dir(address), ignore_errors=True)
 
 
 class AttemptRecord(BaseModel):
@@ -122,6 +234,14 @@ class EventRecord(BaseModel):
     message: str | None = None  # the line the launcher showed for it, if any
     details: dict[str, Any] = Field(default_factory=dict)
 
+    @field_serializer("message")
+    def _redacted_message(self, message: str | None) -> str | None:
+        return redact.text(message) if message else message
+
+    @field_serializer("details")
+    def _redacted_details(self, details: dict[str, Any]) -> dict[str, Any]:
+        return redact.details(details)
+
 
 class RunRecord(BaseModel):
     """One logical job across its attempts."""
@@ -144,14 +264,18 @@ class RunRecord(BaseModel):
     finished_at: float | None = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
     events: list[EventRecord] = Field(default_factory=list)  # the run's journal, oldest first
-    spec: dict[str, Any] = Field(default_factory=dict)
+    spec: dict[str, Any] = Field(default_factory=dict)  # kept and shown redacted (launcher/redact.py)
+
+    @field_serializer("spec")
+    def _redacted_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return redact.spec(spec)
 
     @property
     def directory(self) -> Path:
         return run_dir(self.run_id)
 
     def save(self) -> None:
-        _write_atomic(self.directory / "run.json", self.model_dump_json(indent=2))
+        write_private(self.directory / "run.json", self.model_dump_json(indent=2))
 
     def attempt_log(self, attempt: int) -> Path:
         return self.directory / f"attempt-{attempt}.log"
@@ -178,7 +302,7 @@ def list_runs() -> list[RunRecord]:
 
 
 def request_stop(run_id: str) -> None:
-    _write_atomic(run_dir(run_id) / "stop", f"{time.time()}\n")
+    write_private(run_dir(run_id) / "stop", f"{time.time()}\n")
 
 
 def clear_stop(run_id: str) -> None:

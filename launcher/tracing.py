@@ -22,6 +22,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from exporter import __version__
+from launcher import redact
 
 SERVICE_NAME = "raypulse-launcher"
 TRACES_PATH = "/v1/traces"
@@ -115,9 +116,9 @@ class RunTrace:
             flush.start()
             flush.join(FLUSH_TIMEOUT_S)
             if (self._exporter.failed or flush.is_alive()) and self._warn is not None:
-                self._warn(f"the run's trace did not all reach {self.url} ({self._exporter.failed} span batch(es) "
-                           f"failed{'; the last flush timed out' if flush.is_alive() else ''}); the job was not "
-                           "affected")
+                self._warn(f"the run's trace did not all reach {redact.text(self.url)} ({self._exporter.failed} span "
+                           f"batch(es) failed{'; the last flush timed out' if flush.is_alive() else ''}); the job "
+                           "was not affected")
 
 
 class AttemptSpan:

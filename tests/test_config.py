@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -96,3 +97,41 @@ def test_a_taken_port_fails_with_a_clear_message(start_exporter):
                             text=True, timeout=60, cwd=REPO)
     assert result.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def check_config(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(exporter_command("check-config", *args), capture_output=True, text=True, timeout=60,
+                          cwd=REPO, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"listen: ':9477'\nnode: {name: \"\xff\xfe\"}\n", "not UTF-8 text (byte 30); save it as UTF-8"),
+    (b"[" * 100_000, "config file"),
+])
+def test_a_config_file_that_is_not_text_or_too_deep_is_a_clear_exit_2(tmp_path, content, message):
+    config_file = tmp_path / "exporter.yml"
+    config_file.write_bytes(content)
+    result = check_config("--config", str(config_file))
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_exporter_variables_are_warned_about_by_name():
+    result = check_config(env={"RAYPULSE_EXPORTER_LISTN": ":1", "RAYPULSE_EXPORTER_PROGRESS__MAX_SERIES": "500",
+                               "RAYPULSE_EXPORTER_PROGRES__MAX_SERIES": "5"})
+    assert result.returncode == 0, result.stderr
+    assert "RAYPULSE_EXPORTER_LISTN names no setting" in result.stderr
+    assert "RAYPULSE_EXPORTER_PROGRES__MAX_SERIES names no setting" in result.stderr
+    assert "RAYPULSE_EXPORTER_PROGRESS__MAX_SERIES" not in result.stderr
+    assert "max_series: 500" in result.stdout
+
+
+def test_check_config_never_prints_otlp_secrets():
+    result = check_config("--otlp-endpoint", "https://user:hunter2@otlp.example:4318/?api_key=s3cret",
+                          env={"RAYPULSE_EXPORTER_OTLP__HEADERS": '{"x-api-key": "s3cret-header"}'})
+    assert result.returncode == 0, result.stderr
+    for secret in ("hunter2", "s3cret", "s3cret-header"):
+        assert secret not in result.stdout
+    assert "x-api-key: <redacted>" in result.stdout
+    assert "otlp.example:4318" in result.stdout

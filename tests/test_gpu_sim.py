@@ -211,6 +211,26 @@ def test_an_invalid_control_file_keeps_the_last_good_one(tmp_path):
     assert "not valid JSON" in reader.error
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"gpus": {"0": {"lost": true}}, "x": "\xff\xfe"}', "not UTF-8 text"),
+    (b"{" + b'"a": {' * 5000 + b"}" * 5001, "nested too deeply"),
+])
+def test_hostile_control_files_are_errors_the_reader_and_the_cli_survive(tmp_path, content, message):
+    path = tmp_path / "gpus.json"
+    control.update(path, lambda c: setattr(control.gpu_entry(c, 0), "lost", True))
+    reader = control.ControlReader(path, check_seconds=0)
+    assert reader.current().gpu(0).lost
+    path.write_bytes(content)
+    assert reader.current().gpu(0).lost  # the last good content, no exception into the XID watcher's thread
+    assert message in reader.error
+    refused = subprocess.run(exporter_command("gpu-fault", "--control", str(path), "--gpu", "0", "xid", "79"),
+                             capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert refused.returncode == 2
+    assert message in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 def test_gpu_fault_cli_writes_what_the_simulator_reads(tmp_path):
     path = tmp_path / "gpus.json"
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 import pytest
+import yaml
 
 from exporter import wire
 from exporter.gpusim import control
@@ -151,9 +152,10 @@ def deployment(tmp_path_factory) -> Iterator[Deployment]:
     finally:
         cluster.kill()
         shutil.rmtree(temp, ignore_errors=True)
-        for log in Path(tempfile.gettempdir()).glob("raypulse-exporter-*.log"):
-            if base <= int(log.stem.rpartition("-")[2]) < base + 40:
-                log.unlink(missing_ok=True)
+        for leftover in Path(tempfile.gettempdir()).glob("raypulse-exporter-*-*-*"):  # node actors' private dirs
+            port = leftover.name.split("-")[3]
+            if port.isdigit() and base <= int(port) < base + 40 and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
         for process in exporter_processes(base):  # what the actors' death did not take with it
             process.kill()
 
@@ -362,4 +364,71 @@ def test_a_node_that_cannot_start_its_exporter_fails_the_deploy(deployment: Depl
         finally:
             removed = deployment.launcher("exporters", "remove")
     assert removed.returncode == 0, removed.stderr
+    wait_until(lambda: not exporter_processes(deployment.base_port), 30, "no exporter process")
+
+
+def test_deploy_with_a_web_config_serves_tls_and_basic_auth_everywhere(deployment: Deployment, tmp_path: Path,
+                                                                       monkeypatch):
+    import ssl
+
+    import bcrypt
+    import trustme
+
+    from launcher.state import load_deployment_access
+
+    monkeypatch.setenv("RAYPULSE_HOME", str(deployment.home))  # where the launcher keeps the deploy's access
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    server.cert_chain_pems[0].write_to_path(str(tmp_path / "server.crt"))
+    server.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    (tmp_path / "password").write_text("scrape-password")
+    hashed = bcrypt.hashpw(b"scrape-password", bcrypt.gensalt(rounds=10)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                   f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    (tmp_path / "broken.yml").write_text("tls_server_config:\n  cert_file: nope.crt\n  key_file: nope.key\n")
+    refused = deployment.deploy("--web-config", str(tmp_path / "broken.yml"))
+    assert refused.returncode == 2
+    assert "--web-config: " in refused.stderr
+    assert str(tmp_path / "broken.yml") in refused.stderr
+    assert not deployment.raypulse_actors()  # refused before anything was placed
+
+    result = deployment.deploy("--web-config", str(web), "-o", "json")
+    try:
+        assert result.returncode == 0, result.stderr + result.stdout
+        nodes = json.loads(result.stdout)["nodes"]
+        assert all(node["url"].startswith("https://") for node in nodes)
+        # Nothing secret went on the job's command line or into the supervisor's settings.
+        jobs = deployment.cluster.api("/api/jobs/")
+        assert not [job for job in jobs if "BEGIN" in json.dumps(job) or hashed in json.dumps(job)]
+        access = load_deployment_access(deployment.cluster.dashboard_url)
+        assert access is not None
+        assert access.username is not None
+        report = deployment.status()
+        assert report["complete"], report
+        assert all(row["exporter_url"].startswith("https://") and row["version"] for row in report["nodes"])
+        anyone = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        anyone.check_hostname, anyone.verify_mode = False, ssl.CERT_NONE
+        for row in report["nodes"]:
+            assert http_get(row["exporter_url"] + "/metrics", context=anyone)[0] == 401
+        # The config printed for Prometheus reaches the exporters over TLS with the user's credentials.
+        config = deployment.launcher("prometheus-config", "--ca-file", str(tmp_path / "ca.crt"),
+                                     "--basic-auth-user", "prometheus", "--basic-auth-password-file",
+                                     str(tmp_path / "password"))
+        assert config.returncode == 0, config.stderr
+        job = yaml.safe_load(config.stdout)["scrape_configs"][0]
+        assert job["scheme"] == "https"
+        assert job["http_sd_configs"][0]["url"].startswith("https://")
+        assert job["basic_auth"] == {"username": "prometheus", "password_file": str(tmp_path / "password")}
+        # Each node's private directory: the web config and the log, this user's only.
+        for directory in Path(tempfile.gettempdir()).glob("raypulse-exporter-*-*-*"):
+            port = directory.name.split("-")[3]
+            if port.isdigit() and deployment.base_port <= int(port) < deployment.base_port + 40:
+                assert directory.stat().st_mode & 0o777 == 0o700
+                assert all(item.stat().st_mode & 0o777 == 0o600 for item in directory.iterdir())
+    finally:
+        removed = deployment.launcher("exporters", "remove")
+    assert removed.returncode == 0, removed.stderr
+    assert load_deployment_access(deployment.cluster.dashboard_url) is None
     wait_until(lambda: not exporter_processes(deployment.base_port), 30, "no exporter process")

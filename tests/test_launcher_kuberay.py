@@ -192,3 +192,69 @@ def test_submit_to_kuberay_without_a_kubeconfig_is_bad_input(tmp_path: Path):
     assert result.returncode == 2
     assert f"no kubeconfig at {tmp_path / 'missing'}" in result.stderr
     assert "launcher render" in result.stderr
+
+
+def sidecars(rayjob: dict) -> list[tuple[dict, dict]]:
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"], *[group["template"] for group in cluster["workerGroupSpecs"]]]
+    return [(pod, next(c for c in pod["spec"]["containers"] if c["name"] == "raypulse-exporter")) for pod in pods]
+
+
+def test_every_exporter_sidecar_runs_unprivileged():
+    _, rayjob, _ = manifests()
+    for pod, sidecar in sidecars(rayjob):
+        security = sidecar["securityContext"]
+        assert security["runAsNonRoot"] is True
+        assert security["runAsUser"] == 1000  # the ray images' `ray` user
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert "privileged" not in security
+        # A read-only root: the exporter's scratch space is an emptyDir of its own.
+        tmp = next(m for m in sidecar["volumeMounts"] if m["mountPath"] == "/tmp")
+        assert any(v["name"] == tmp["name"] and "emptyDir" in v for v in pod["spec"]["volumes"])
+        assert "securityContext" not in pod["spec"]  # the Ray container's settings are left alone
+
+
+def test_a_web_config_secret_is_mounted_into_every_sidecar(validator):
+    secret, rayjob, pod_monitor = manifests(exporter_web_config_secret="raypulse-web")
+    assert not list(validator.iter_errors(rayjob))
+    for pod, sidecar in sidecars(rayjob):
+        args = sidecar["args"]
+        assert args[args.index("--web-config") + 1] == "/etc/raypulse/web/web-config.yml"
+        mount = next(m for m in sidecar["volumeMounts"] if m["mountPath"] == "/etc/raypulse/web")
+        assert mount["readOnly"] is True
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+        assert volume["secret"]["secretName"] == "raypulse-web"
+        assert all(mount["name"] not in {m["name"] for m in c.get("volumeMounts", [])}
+                   for c in pod["spec"]["containers"] if c is not sidecar)  # the Ray container never sees it
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert sidecar[probe]["httpGet"]["scheme"] == "HTTPS"
+    endpoint = pod_monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": "raypulse-web", "key": "ca.crt"}}
+    assert secret["metadata"]["name"] != "raypulse-web"  # the user's Secret is theirs: not rendered
+
+
+def test_without_a_web_config_secret_the_sidecar_serves_plain_http():
+    _, rayjob, pod_monitor = manifests()
+    for pod, sidecar in sidecars(rayjob):
+        assert "--web-config" not in sidecar["args"]
+        assert sidecar["livenessProbe"]["httpGet"]["scheme"] == "HTTP"
+        assert [v["name"] for v in pod["spec"]["volumes"]] == ["raypulse-tmp"]
+    assert "scheme" not in pod_monitor["spec"]["podMetricsEndpoints"][0]
+
+
+def test_the_render_flag_names_the_secret_and_a_local_file_is_refused(tmp_path: Path):
+    result = launcher("render", "--exporter-web-config-secret", "raypulse-web", "--", "python train.py",
+                      env={"RAYPULSE_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert "&id0" not in result.stdout  # every pod spelled out, no YAML aliases between them
+    rayjob = list(yaml.safe_load_all(result.stdout))[1]
+    assert all("--web-config" in sidecar["args"] for _, sidecar in sidecars(rayjob))
+    (tmp_path / "web.yml").write_text("{}\n")
+    result = launcher("render", "--exporter-web-config", str(tmp_path / "web.yml"), "--", "python train.py",
+                      env={"RAYPULSE_HOME": str(tmp_path)})
+    assert result.returncode == 2
+    assert "exporter_web_config: applies to backend local only" in result.stderr
+    assert "exporter_web_config_secret" in result.stderr

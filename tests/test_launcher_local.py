@@ -121,8 +121,8 @@ def test_sigint_mid_job_stops_it_and_leaves_no_process(home: Path):
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
     reader.start()
-    wait_until(lambda: any("attempt 1/1 RUNNING" in line for line in lines) or process.poll() is not None, 120,
-               "the job to run")
+    wait_until(lambda: any(re.search(r"attempt 1/\d+ RUNNING", line) for line in lines) or process.poll() is not None,
+               120, "the job to run")
     assert process.poll() is None, "".join(lines)
     wait_until(lambda: {"exporter", "raylet", "gcs_server"} <= {kind(p) for p in cluster_processes("interrupted")},
                30, "the exporters to start")
@@ -306,3 +306,61 @@ def test_down_stops_a_running_job_first_and_its_submit_exits_3(home: Path):
     record = status_json("busy-1", home)
     assert (record["state"], len(record["attempts"])) == ("STOPPED", 1)  # stopped, not retried
     assert not cluster_processes("busy"), describe(cluster_processes("busy"))
+
+
+# --- a web config on the exporters, and secrets kept out of the run's records ----------------------
+
+
+def test_exporters_serve_the_web_config_and_secrets_stay_out_of_the_records(home: Path, tmp_path: Path):
+    import ssl
+
+    import bcrypt
+    import trustme
+
+    from launcher.state import ExporterAccess
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    server.cert_chain_pems[0].write_to_path(str(tmp_path / "server.crt"))
+    server.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    hashed = bcrypt.hashpw(b"scrape-password", bcrypt.gensalt(rounds=10)).decode()
+    (tmp_path / "web.yml").write_text(f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                                      f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    exporter_port, progress_port = free_base(2)
+    result = launcher("submit", "--name", "tls", "--run-id", "tls-1", "--workers", "1", "--keep-cluster",
+                      "--exporter-port", str(exporter_port), "--progress-port", str(progress_port),
+                      "--exporter-web-config", str(tmp_path / "web.yml"), "--env", "HF_TOKEN=hf-secret-value",
+                      "--", "python -c 'import sys; print(len(sys.argv))' --password pw-in-argv", home=home)
+    try:
+        assert result.returncode == 0, result.stderr
+        directory = home / "clusters" / "tls-1"
+        record = json.loads((directory / "cluster.json").read_text())
+        access = ExporterAccess.model_validate(record["exporter_access"])
+        assert [ref["url"].split(":")[0] for ref in record["exporters"]] == ["https", "https"]
+
+        def answers(url: str) -> bool:
+            with access.urlopen(url + "/metrics", timeout=5) as reply:
+                return reply.status == 200
+
+        for ref in record["exporters"]:
+            wait_until(lambda ref=ref: answers(ref["url"]), 60, f"{ref['node']}'s exporter over TLS")
+            anyone = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            anyone.check_hostname, anyone.verify_mode = False, ssl.CERT_NONE
+            assert http_get(ref["url"] + "/metrics", context=anyone)[0] == 401  # no credentials: nothing
+        head = next(ref["url"] for ref in record["exporters"] if ref["role"] == "head")
+        with access.urlopen(head + "/sd", timeout=5) as reply:
+            assert len([target for group in json.loads(reply.read()) for target in group["targets"]]) == 2
+        for name in ("exporter-web-config.yml", "exporter-password", "cluster.json", "token"):
+            assert (directory / name).stat().st_mode & 0o777 == 0o600, name
+        assert directory.stat().st_mode & 0o777 == 0o700
+
+        run_json = home / "runs" / "tls-1" / "run.json"
+        assert run_json.stat().st_mode & 0o777 == 0o600
+        for kept in (run_json, home / "audit.log"):
+            assert "hf-secret-value" not in kept.read_text()
+            assert "pw-in-argv" not in kept.read_text()
+        assert json.loads(run_json.read_text())["spec"]["runtime_env"]["env_vars"] == {"HF_TOKEN": "<redacted>"}
+    finally:
+        down = launcher("down", "tls-1", home=home)
+        assert down.returncode == 0, down.stderr
+    assert not cluster_processes("tls-1"), describe(cluster_processes("tls-1"))

@@ -254,6 +254,68 @@ def test_a_checkpoint_dir_the_nodes_cannot_write_exit_2(tmp_path: Path):
     assert_nothing_started(tmp_path, result)
 
 
+def web_config_files(directory: Path, client_auth: str | None = None) -> Path:
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    server.cert_chain_pems[0].write_to_path(str(directory / "server.crt"))
+    server.private_key_pem.write_to_path(str(directory / "server.key"))
+    ca.cert_pem.write_to_path(str(directory / "ca.crt"))
+    tls = {"cert_file": "server.crt", "key_file": "server.key"}
+    if client_auth:
+        tls.update(client_auth_type=client_auth, client_ca_file="ca.crt")
+    path = directory / "web.yml"
+    path.write_text(yaml.safe_dump({"tls_server_config": tls}))
+    return path
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (None, "cannot read: No such file or directory"),
+    ("basic_auth_users:\n  prometheus: not-a-hash\n", "bcrypt hash"),
+    ("tls_server_config:\n  cert_file: nope.crt\n  key_file: nope.key\n", "cannot load the certificate and key"),
+    ("- a list\n", "web config file"),
+])
+@pytest.mark.parametrize("command", ["submit", "up"])
+def test_a_web_config_that_cannot_work_exit_2_before_anything_starts(tmp_path: Path, content, words, command):
+    path = tmp_path / "web.yml"
+    if content is not None:
+        path.write_text(content)
+    result = launcher(command, "--exporter-web-config", str(path), "--", "python train.py", home=tmp_path)
+    assert "job spec: exporter_web_config: " in result.stderr
+    assert str(path) in result.stderr
+    assert words in result.stderr
+    assert "leave --exporter-web-config out" in result.stderr
+    assert_nothing_started(tmp_path, result)
+
+
+def test_a_web_config_the_watcher_cannot_read_through_is_refused_unless_it_is_off(tmp_path: Path):
+    path = web_config_files(tmp_path, client_auth="RequireAndVerifyClientCert")
+    with pytest.raises(SpecError, match=r"exporter_web_config: .*RequireAndVerifyClientCert.*--no-health"):
+        build_spec({"entrypoint": "python train.py", "exporter_web_config": str(path)})
+    assert build_spec({"entrypoint": "python train.py", "exporter_web_config": str(path),
+                       "health": {"enabled": False}}).exporter_web_config == path
+    optional = web_config_files(tmp_path, client_auth="VerifyClientCertIfGiven")
+    assert build_spec({"entrypoint": "true", "exporter_web_config": str(optional)}).exporter_web_config == optional
+
+
+def test_a_web_config_is_kept_as_an_absolute_path(tmp_path: Path, monkeypatch):
+    web_config_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    spec = spec_from_options(None, {"command": ("true",), "exporter_web_config": Path("web.yml")})
+    assert spec.exporter_web_config == tmp_path / "web.yml"
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    ({"exporter_web_config": "/x.yml", "address": "http://h:8265"}, "exporters deploy --web-config"),
+    ({"exporter_web_config_secret": "web"}, "applies to backend kuberay only"),
+    ({"exporter_web_config_secret": "Not_A_Name", "backend": "kuberay"}, "is not a Kubernetes Secret name"),
+])
+def test_each_backend_takes_its_own_kind_of_web_config(data, words):
+    with pytest.raises(SpecError, match=words):
+        build_spec({"entrypoint": "true", **data})
+
+
 def test_health_defaults_follow_the_alert_rules_and_keep_a_long_run_going():
     from alerts.config import DEFAULT
 

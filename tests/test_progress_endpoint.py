@@ -182,10 +182,23 @@ def test_after_the_fuzzing_the_exporter_is_healthy_bounded_and_valid(exporter):
     assert 1 <= len(jobs) <= MAX_JOBS
     assert all(s.value <= MAX_RANKS for s in series["raypulse_train_ranks"])
     per_rank = sum(len(v) for k, v in series.items() if k not in (
-        "raypulse_train_ranks", "raypulse_train_endpoint_up", "raypulse_train_jobs", "raypulse_train_rejected_reports"))
+        "raypulse_train_ranks", "raypulse_train_endpoint_up", "raypulse_train_jobs", "raypulse_train_rejected_reports",
+        "raypulse_train_series", "raypulse_train_series_limit", "raypulse_train_refused_series"))
     assert per_rank <= MAX_JOBS * MAX_RANKS * FAMILIES_PER_RANK * 2  # counters render _total and _created
     rejected = {s.labels["reason"]: s.value for s in series["raypulse_train_rejected_reports"]
                 if s.name.endswith("_total")}
     assert all(rejected[reason] > 0 for reason in ("invalid", "unsupported_media_type", "too_large")), rejected
     assert rejected["too_many_jobs"] + rejected["too_many_ranks"] > 0, rejected  # the bounds were reached
     assert not any(math.isnan(s.value) for samples in series.values() for s in samples)
+
+
+def test_the_unix_socket_is_removed_at_shutdown(tmp_path):
+    import os
+
+    socket_path = tmp_path / "progress.sock"
+    running = start_exporter(tmp_path, free_port(), "--progress-listen", f"unix:{socket_path}",
+                             env={**os.environ, "RAYPULSE_EXPORTER_RAY__DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"})
+    assert socket_path.is_socket()
+    stop_process(running.process)
+    assert running.process.returncode == 0
+    assert not socket_path.exists()

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from exporter.config import ProgressSettings
-from exporter.progress_store import ProgressStore, Rejected, parse_batch
+from exporter.progress_store import SERIES_PER_JOB, SERIES_PER_RANK, ProgressStore, Rejected, parse_batch
 
 
 def report(**fields):
@@ -108,3 +108,43 @@ def test_the_same_job_under_its_submission_id_is_a_separate_key_until_the_collec
     progress = store()
     progress.apply(parse_batch({"reports": [report(job_id=None, submission_id="raysubmit_abc"), report()]}))
     assert set(progress.jobs) == {("", "raysubmit_abc"), ("02000000", "")}
+
+
+def test_one_global_series_budget_bounds_the_store_whatever_the_jobs_and_ranks():
+    # Generous per-job limits; only the global budget stops the batch (the product bound of old let
+    # 64 jobs x 1,024 ranks through).
+    progress = store(max_series=SERIES_PER_JOB + 7 * SERIES_PER_RANK, max_jobs=10, max_ranks_per_job=1000)
+    progress.apply(parse_batch({"reports": [report(rank=rank) for rank in range(7)]}))
+    assert progress.series == SERIES_PER_JOB + 7 * SERIES_PER_RANK
+    with pytest.raises(Rejected) as refused:
+        progress.apply(parse_batch({"reports": [report(rank=7)]}))
+    assert (refused.value.status, refused.value.reason) == (429, "too_many_series")
+    assert "progress.max_series" in str(refused.value)
+    assert progress.refused_series == SERIES_PER_RANK
+    progress.apply(parse_batch({"reports": [report(rank=4, step=9)]}))  # known series are still updated
+    assert progress.jobs[("02000000", "")][4].step == 9
+
+
+def test_doubtful_jobs_make_room_for_new_ones_least_recently_reported_first():
+    clock = Clock()
+    progress = store(clock, max_jobs=2)
+    progress.apply(parse_batch({"reports": [report(job_id="01000000")]}))
+    clock.now += 1
+    progress.apply(parse_batch({"reports": [report(job_id="02000000")]}))
+    progress.doubtful = frozenset({("01000000", ""), ("02000000", "")})  # Ray: both ended
+    progress.apply(parse_batch({"reports": [report(job_id="03000000")]}))
+    assert set(progress.jobs) == {("02000000", ""), ("03000000", "")}
+    progress.doubtful = frozenset()
+    with pytest.raises(Rejected):  # live jobs are never pushed out
+        progress.apply(parse_batch({"reports": [report(job_id="04000000")]}))
+
+
+def test_a_view_is_not_changed_by_later_reports():
+    progress = store()
+    progress.apply(parse_batch({"reports": [report(step=1, loss=2.0)]}))
+    view = progress.view()
+    progress.apply(parse_batch({"reports": [report(step=2, loss="NaN"), report(rank=1)]}))
+    state = view.jobs[("02000000", "")][0]
+    assert (state.step, state.values, dict(state.nonfinite)) == (1, {"loss": 2.0}, {})
+    assert set(view.jobs[("02000000", "")]) == {0}
+    assert progress.jobs[("02000000", "")][0].nonfinite["loss"] == 1

@@ -336,3 +336,188 @@ def test_process_cpu_counters_keep_what_exited_processes_used_and_end_with_the_g
     third = run(Proc(10, 1, 500, 6.5, 1 << 20, 0, "ray::Trainer"), Proc(11, 1, 900, 0.2, 1 << 20, 0, "ray::X"))
     assert one(third, CPU, **labels) == 7.7  # a reused pid is a new process (new start time)
     assert one(run(), CPU, **labels) is None  # no process left: the series ends
+
+
+# -- who gets the Ray token ---------------------------------------------------------------------
+
+def fake_proc(procfs: Path, pid: int, *, uid: int, exe: Path) -> None:
+    """A /proc/<pid> with what check_raylet reads: the owner, the executable, the process's root."""
+    base = procfs / str(pid)
+    base.mkdir(parents=True)
+    (base / "status").write_text(f"Name:\traylet\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (base / "exe").symlink_to(exe)
+    (base / "root").symlink_to("/")
+
+
+def test_a_raylet_is_trusted_only_as_rays_own_binary_run_by_this_user_or_root(tmp_path):
+    import os
+
+    from exporter.collectors.ray.localray import check_raylet
+
+    package = tmp_path / "site-packages" / "ray"
+    binary = package / "core" / "src" / "ray" / "raylet" / "raylet"
+    binary.parent.mkdir(parents=True)
+    binary.touch()
+    (package / "__init__.py").touch()
+    copy = tmp_path / "ray" / "core" / "src" / "ray" / "raylet" / "raylet"  # the same path outside any package
+    copy.parent.mkdir(parents=True)
+    copy.touch()
+    procfs = tmp_path / "proc"
+    fake_proc(procfs, 10, uid=os.geteuid(), exe=binary)
+    fake_proc(procfs, 11, uid=0, exe=binary)
+    fake_proc(procfs, 12, uid=os.geteuid(), exe=Path(sys.executable).resolve())  # a process named raylet
+    fake_proc(procfs, 13, uid=54321, exe=binary)  # another user's
+    fake_proc(procfs, 14, uid=os.geteuid(), exe=copy)
+    assert check_raylet(procfs, 10) == ""
+    assert check_raylet(procfs, 11) == ""
+    assert "not the raylet of an installed ray package" in check_raylet(procfs, 12)
+    assert "runs as uid 54321" in check_raylet(procfs, 13)
+    assert "not the raylet of an installed ray package" in check_raylet(procfs, 14)
+    assert check_raylet(procfs, 15) == "its owner cannot be read"  # gone, or hidden from us
+
+
+def test_this_hosts_addresses_and_who_listens_come_from_its_network_namespace(tmp_path):
+    from exporter.collectors.ray.localray import is_local_address, listener_uids, read_local_addresses
+
+    net = tmp_path / "net"
+    net.mkdir()
+    (net / "fib_trie").write_text("Local:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 10.9.0.2\n        /32 host LOCAL\n"
+                                  "     |-- 10.9.0.255\n        /32 link BROADCAST\n")
+    (net / "if_inet6").write_text("fd000000000000000000000000000002 04 40 00 82     eth0\n")
+    addresses = read_local_addresses(net)
+    assert addresses == {"10.9.0.2", "fd00::2"}
+    assert is_local_address("10.9.0.2", addresses)
+    assert is_local_address("127.0.0.1", addresses)
+    assert not is_local_address("10.9.0.3", addresses)
+    assert not is_local_address("0.0.0.0", addresses)
+    assert is_local_address("[fd00::2]", addresses)
+    assert not is_local_address("head.example", addresses)
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    (net / "tcp").write_text(header + "   0: 0100007F:2049 00000000:0000 0A 00000000:00000000 00:00000000 "
+                             "00000000  1000        0 1 1\n"  # 127.0.0.1:8265, uid 1000
+                             "   1: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 "
+                             "00000000     0        0 2 1\n"  # 0.0.0.0:8080, root
+                             "   2: 0100007F:1F91 0100007F:2049 01 00000000:00000000 00:00000000 "
+                             "00000000    7        0 3 1\n")  # a connection, not a listener
+    (net / "tcp6").write_text(header + "   0: 00000000000000000000000001000000:1F91 "
+                              "00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 "
+                              "00000000    33        0 4 1\n")  # [::1]:8081, uid 33
+    assert listener_uids("127.0.0.1", 8265, net) == {1000}
+    assert listener_uids("10.9.0.2", 8080, net) == {0}  # the wildcard listener takes it
+    assert listener_uids("::1", 8081, net) == {33}
+    assert listener_uids("127.0.0.1", 8081, net) == set()
+    assert listener_uids("localhost", 8265, net) == {1000}
+
+
+def test_without_a_raylet_that_names_it_the_default_dashboard_gets_no_token(tmp_path):
+    from exporter.collectors.ray.localray import DEFAULT_DASHBOARD, LocalRay
+    from exporter.config import load_config
+
+    local = LocalRay(load_config({"node": {"procfs": str(tmp_path)}}, environ={}))
+    assert local.dashboard().url == DEFAULT_DASHBOARD
+    assert not local.dashboard().token
+    configured = LocalRay(load_config({"node": {"procfs": str(tmp_path)},
+                                       "ray": {"dashboard_url": "http://10.0.0.9:8265/"}}, environ={}))
+    assert configured.dashboard().url == "http://10.0.0.9:8265"
+    assert configured.dashboard().token
+
+
+class RecordingDashboard:
+    """An HTTP server on loopback that answers everything and records each request's Authorization."""
+
+    def __init__(self, status: int = 200, location: str = "") -> None:
+        self.status, self.location = status, location
+        self.requests: list[tuple[str, str | None]] = []  # (path, Authorization)
+        self.port = 0
+
+    async def start(self):
+        from aiohttp import web
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            self.requests.append((request.path, request.headers.get("Authorization")))
+            if self.status in (301, 302, 307, 308):
+                raise web.HTTPTemporaryRedirect(self.location + request.path_qs)
+            if request.path == "/api/gcs_healthz":
+                return web.Response(text="success")
+            return web.json_response({"ray_version": "2.60.0", "data": {}} if request.path == "/api/version" else {})
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def test_a_process_named_raylet_gets_no_token_and_makes_no_head(tmp_path, monkeypatch, caplog):
+    """Anyone can start a process named `raylet` that claims to be the head and names a dashboard
+    it listens on: the exporter talks to it without the token and stays a worker."""
+    import asyncio
+    import os
+
+    from exporter.collectors.ray import localray
+    from exporter.collectors.ray.head import RayHeadCollector
+    from exporter.collectors.ray.health import UP, RayHealthCollector
+    from exporter.collectors.ray.process_collector import RayProcessesCollector
+    from exporter.config import load_config
+    from scripts.ports import free_port
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "the-clusters-secret")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    thief = await RecordingDashboard().start()
+    exporter_port = free_port()
+    fake = tmp_path / "raylet"
+    fake.symlink_to(os.path.realpath(sys.executable))  # comm is "raylet"; the executable is Python
+    node_id = "ab" * 28
+    process = await asyncio.create_subprocess_exec(
+        str(fake), "-c", "import time; time.sleep(120)", f"--node_id={node_id}", "--node_ip_address=127.0.0.1",
+        f"--python_worker_command=python default_worker.py --webui=127.0.0.1:{thief.port} --x=1",
+        f'--labels={{"{wire.NODE_LABEL_EXPORTER_PORT}": "{exporter_port}"}}', "--head")
+    try:
+        config = load_config({"listen": f"127.0.0.1:{exporter_port}"}, environ={})
+        localray._cache.clear()
+        [seen] = localray.LocalRay(config).raylets()
+        assert seen.pid == process.pid
+        assert seen.is_head
+        assert "not the raylet of an installed ray" in seen.distrust
+        health, head, processes = (RayHealthCollector(config), RayHeadCollector(config), RayProcessesCollector(config))
+        with caplog.at_level("WARNING"):
+            for collector in (health, head, processes):
+                await collector.collect(SampleSink(collector.name))
+        out = SampleSink(health.name)
+        await health.collect(out)
+        assert one(out, UP) == 1  # it was asked (without the token), so the test is not vacuous
+        assert thief.requests
+        assert all(auth is None for _, auth in thief.requests), thief.requests
+        assert health.local.role() == "worker"
+        assert head.shared.service_discovery.get().role == "worker"
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert any("not sending the Ray token" in m and str(thief.port) in m for m in warnings), warnings
+        assert any("not taking the Ray head role" in m for m in warnings), warnings
+    finally:
+        process.kill()
+        await process.wait()
+        await thief.stop()
+
+
+async def test_a_redirect_never_carries_the_token_on():
+    from exporter.collectors.ray.dashboard import DashboardError, DashboardSession
+
+    elsewhere = await RecordingDashboard().start()
+    redirecting = await RecordingDashboard(307, f"http://127.0.0.1:{elsewhere.port}").start()
+    try:
+        async with DashboardSession(f"http://127.0.0.1:{redirecting.port}", 5, token="the-clusters-secret") as api:
+            with pytest.raises(DashboardError) as error:
+                await api.json("/api/version")
+        assert error.value.kind == "http"
+        assert "redirect" in str(error.value)
+        assert redirecting.requests == [("/api/version", "Bearer the-clusters-secret")]  # configured: it may
+        assert elsewhere.requests == []
+    finally:
+        await redirecting.stop()
+        await elsewhere.stop()

@@ -1,6 +1,7 @@
 """The exporter itself: a scrape target down or missing, a collector failing or stuck, OTLP push
-failing, training reports refused; and the Watchdog, which always fires so that a silent
-pipeline (Prometheus or Alertmanager down) is noticed by whoever expects it.
+failing, training reports refused or about to be, clients refused because it is busy; and the
+Watchdog, which always fires so that a silent pipeline (Prometheus or Alertmanager down) is noticed
+by whoever expects it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ def group(c: Config) -> Group:
               "The progress endpoint of the exporter on " + AT_NODE + " refused "
               "{{ $value | printf \"%.0f\" }} reports ({{ $labels.reason }}) in the last "
               f"{t('RaypulseExporterProgressReportsRejected').window}; that training progress is not monitored."),
+        Alert("RaypulseExporterProgressStoreNearlyFull", "warning", "exporter", f"""
+            raypulse_train_series / raypulse_train_series_limit > {t("RaypulseExporterProgressStoreNearlyFull").ratio:g}
+            """,
+              "An exporter's progress store is nearly full.",
+              "The progress store of the exporter on " + AT_NODE + " holds {{ $value | humanizePercentage }} "
+              "of progress.max_series; once full, reports of new jobs and ranks are refused."),
+        Alert("RaypulseExporterBusy", "warning", "exporter", f"""
+            increase(raypulse_exporter_http_refused_total[{t("RaypulseExporterBusy").window}]) > 0
+            """,
+              "An exporter answers 503: too many connections or scrapes at once.",
+              "The exporter on " + AT_NODE + " refused {{ $value | printf \"%.0f\" }} {{ $labels.reason }} in the "
+              f"last {t('RaypulseExporterBusy').window} (http.max_connections, http.max_requests): scrapes or "
+              "progress reports may be failing."),
     ])
 
 

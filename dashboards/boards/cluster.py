@@ -148,6 +148,19 @@ EXPORTERS = Row("Exporters", (
         Target(S("raypulse_exporter_threads"), "{{node}} threads"),
         Target(S("raypulse_exporter_open_fds"), "{{node}} open files")),
         "Threads and open file descriptors of the exporter.", min=0),
+    Panel("Exporter connections", "short", (
+        Target(S("raypulse_exporter_http_connections"), "{{node}} open"),
+        Target(S("raypulse_exporter_http_connection_limit"), "{{node}} limit")),
+        "Connections open to each exporter's HTTP ports, against its cap (http.max_connections).", min=0),
+    Panel("Exporter clients refused and dropped", "ops", (
+        Target(f"sum by ({PER_NODE}, reason) ({rate(S('raypulse_exporter_http_refused_total'))})",
+               "{{node}} 503 {{reason}}"),
+        Target(f"sum by ({PER_NODE}, reason) ({rate(S('raypulse_exporter_http_closed_total'))})",
+               "{{node}} closed {{reason}}"),
+        Target(f"sum by ({PER_NODE}, kind) ({rate(S('raypulse_exporter_http_client_errors_total'))})",
+               "{{node}} client {{kind}}")),
+        "Per second: clients answered 503 (over a bound), connections the exporter closed (idle, slow, "
+        "evicted), and client errors (malformed requests, disconnects).", min=0),
     Panel("Exporter uptime", "s", (Target(f"time() - {S('raypulse_exporter_start_time_seconds')}", "{{node}}"),),
           "Time since each exporter started (a reset means a restart).", min=0),
     Panel("OTLP push", "ops", (

@@ -140,12 +140,19 @@ REPORTING = Row("Progress reporting", (
         "Reports a rank's client dropped (queue full, exporter unreachable), as it last said.", min=0),
     Panel("Reports refused", "ops", (
         Target(f"sum by (cluster, node, reason) ({rate(S('raypulse_train_rejected_reports_total'))})",
-               "{{node}} {{reason}}"),),
-        "Progress requests the exporters refused per second, by reason.", min=0),
+               "{{node}} {{reason}}"),
+        Target(f"sum by (cluster, node) ({rate(S('raypulse_train_refused_series_total'))})",
+               "{{node}} series refused")),
+        "Progress requests the exporters refused per second, by reason, and the series they would have added.",
+        min=0),
     Panel("Progress endpoints", "short", (
         Target(S("raypulse_train_endpoint_up"), "{{node}} listening"),
         Target(S("raypulse_train_jobs"), "{{node}} jobs tracked")),
         "Whether each node's progress endpoint listens, and how many jobs it tracks.", min=0),
+    Panel("Progress store", "percentunit", (
+        Target(f"{S('raypulse_train_series')} / {S('raypulse_train_series_limit')}", "{{node}}"),),
+        "Share of progress.max_series each node's progress store holds; when full, new jobs and ranks are "
+        "refused.", min=0, max=1),
 ))
 
 ALERTS = Row("Alerts", collapsed=False, panels=(

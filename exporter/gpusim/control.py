@@ -154,11 +154,16 @@ class ControlError(Exception):
     """An unreadable or invalid control file; the message names the file and the field."""
 
 
+MAX_BYTES = 4 * 1024 * 1024  # far more than any fault scenario writes
+
+
 def parse(text: str, source: str) -> Control:
     try:
         data = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as exc:
         raise ControlError(f"{source}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ControlError(f"{source}: nested too deeply to be a control file") from None
     return _validate(data, source)
 
 
@@ -167,6 +172,8 @@ def _validate(data: object, source: str) -> Control:
         return Control.model_validate(data)
     except ValidationError as exc:
         raise ControlError(f"{source}: {_problems(exc)}") from None
+    except RecursionError:
+        raise ControlError(f"{source}: nested too deeply to be a control file") from None
 
 
 def _problems(exc: ValidationError) -> str:
@@ -177,11 +184,19 @@ def _problems(exc: ValidationError) -> str:
 def read(path: Path) -> Control:
     """The control file's content; a missing file means no faults."""
     try:
-        text = path.read_text()
+        with path.open("rb") as file:
+            raw = file.read(MAX_BYTES + 1)
     except FileNotFoundError:
         return Control()
     except OSError as exc:
         raise ControlError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_BYTES:
+        raise ControlError(f"{path}: larger than {MAX_BYTES} bytes; not a control file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ControlError(f"{path}: not UTF-8 text (byte {exc.start}); it is JSON written by `exporter "
+                           "gpu-fault`") from None
     return parse(text, str(path))
 
 
@@ -198,6 +213,13 @@ def _locked(path: Path) -> Iterator[None]:
 
 def update(path: Path, change: Callable[[Control], None]) -> Control:
     """Read, change in place, validate and atomically write the control file (serialised by a lock)."""
+    try:
+        return _update(path, change)
+    except OSError as exc:
+        raise ControlError(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+
+def _update(path: Path, change: Callable[[Control], None]) -> Control:
     with _locked(path):
         control = read(path)
         try:
@@ -259,7 +281,7 @@ class ControlReader:
             try:
                 stat = self.path.stat()
                 stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-            except FileNotFoundError:
+            except OSError:  # missing (no faults) or unreadable (read says which)
                 stamp = (0, 0, 0)
             if stamp != self._stamp:
                 self._stamp = stamp

@@ -37,6 +37,7 @@ NVML_VERSION = "12.570.133.20"
 CUDA_DRIVER_VERSION = 12080
 _UINT_MAX = 0xFFFFFFFF
 _HANG_POLL_SECONDS = 0.02
+_EVENT_POLL_SECONDS = 0.2  # events come with a new control file, read at most every 50 ms anyway
 # pynvml helpers that are plain Python, not NVML calls: safe to hand out.
 _PURE_HELPERS = frozenset({"nvmlStructToFriendlyObject", "nvmlFriendlyObjectToStruct", "nvmlExceptionClass"})
 _EVENT_MASKS = {"xid": pynvml.nvmlEventTypeXidCriticalError, "single_bit_ecc": pynvml.nvmlEventTypeSingleBitEccError,
@@ -777,7 +778,7 @@ class SimulatedNvml:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 _raise(pynvml.NVML_ERROR_TIMEOUT)
-            time.sleep(min(_HANG_POLL_SECONDS, remaining))
+            time.sleep(min(_EVENT_POLL_SECONDS, remaining))
             self._enter("nvmlEventSetWait_v2", None)  # picks up new events, and hangs if told to
 
     def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:

@@ -12,12 +12,14 @@ import click
 
 from alerts import prometheus
 from exporter import wire
+from exporter.config import ConfigError
 from launcher.deploy import remote
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
 from launcher.failing import fail
 from launcher.jobs import JobsClient, read_token
 from launcher.journal import Journal
+from launcher.state import forget_deployment, load_deployment_access
 
 
 def _target(func: Callable) -> Callable:
@@ -52,17 +54,31 @@ def exporters_group() -> None:
 @click.option("--with-deps", is_flag=True,
               help="Also pip-install the exporter's dependencies that Ray does not bring, pinned to this "
                    "launcher's versions (hosts with Ray only; needs a package index the nodes can reach).")
+@click.option("--web-config", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="TLS and basic auth for every exporter (exporter-toolkit web config, here on this machine): "
+                   "checked here, then sent with the certificates it names to every node.")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def deploy(address: str, token_path: Path | None, port: int, cluster_name: str, simulate_gpus: int,
-           interval: float, start_timeout: float, pip: tuple[str, ...], with_deps: bool, output: str) -> None:
+           interval: float, start_timeout: float, pip: tuple[str, ...], with_deps: bool, web_config: Path | None,
+           output: str) -> None:
     """Place an exporter on every alive node, and a supervisor that keeps doing so. Idempotent."""
+    bundle = None
+    if web_config is not None:
+        try:
+            bundle = remote.web_config_bundle(web_config)
+        except ConfigError as exc:
+            fail("exporters.deploy", f"--web-config: {exc}; fix the file, or leave --web-config out",
+                 ExitCode.BAD_INPUT, address=address)
     if with_deps:
         pip = (*remote.exporter_requirements(), *pip)
     client = _client("exporters.deploy", address, token_path)
-    config = {"port": port, "cluster": cluster_name, "simulate_gpus": simulate_gpus, "interval_s": interval,
-              "start_timeout_s": start_timeout}
+    config: dict[str, object] = {"port": port, "cluster": cluster_name, "simulate_gpus": simulate_gpus,
+                                 "interval_s": interval, "start_timeout_s": start_timeout}
+    if bundle is not None:  # the digest only: a second deploy compares settings, and they are shown
+        config.update(tls=bundle.tls, web_config_sha256=bundle.sha256)
     try:
-        run = remote.run_agent(client, ["deploy", json.dumps(config, sort_keys=True)], pip)
+        run = remote.run_agent(client, ["deploy", json.dumps(config, sort_keys=True)], pip,
+                               files=bundle.files if bundle is not None else None)
     except InfraError as exc:
         fail("exporters.deploy", str(exc), ExitCode.INFRA_ERROR, address=address)
     if run.result is None:
@@ -73,6 +89,14 @@ def deploy(address: str, token_path: Path | None, port: int, cluster_name: str, 
         click.echo(json.dumps(run.result, indent=2))
     if "error" in run.result:
         fail("exporters.deploy", run.result["error"], ExitCode.BAD_INPUT, address=address)
+    if not run.result.get("supervisor_existed"):  # these exporters run with this deploy's web config (or none)
+        forget_deployment(address)
+        if bundle is not None:
+            remote.save_access(address, bundle)
+    elif bundle is not None and load_deployment_access(address) is None:
+        click.echo("launcher: warning: these exporters were deployed from elsewhere with this web config; this "
+                   "launcher has no credentials of its own for them (`exporters remove`, then deploy again, to "
+                   "get some)", err=True)
     nodes = run.result["nodes"]
     failed = [node for node in nodes if not node["ok"]]
     if output == "text":
@@ -100,7 +124,7 @@ def status(address: str, token_path: Path | None, output: str) -> None:
     """Every alive node with its exporter: URL, up, version. Exits 1 unless every node's answers."""
     client = _client("exporters.status", address, token_path)
     try:
-        report = remote.exporters_status(client)
+        report = remote.exporters_status(client, load_deployment_access(address))
     except InfraError as exc:
         fail("exporters.status", str(exc), ExitCode.INFRA_ERROR, address=address)
     if output == "json":
@@ -127,6 +151,7 @@ def remove(address: str, token_path: Path | None) -> None:
         fail("exporters.remove", f"the remove job {run.submission_id} ended {run.status}; still there: "
               f"{(run.result or {}).get('left', '?')}; its log ends:\n{run.logs[-3000:]}", ExitCode.INFRA_ERROR,
               address=address)
+    forget_deployment(address)
     Journal().emit("exporters.removed", address=address, removed=run.result["removed"])
     click.echo(f"launcher: removed {len(run.result['removed'])} actors (and their exporters)", err=True)
 
@@ -136,20 +161,39 @@ def remove(address: str, token_path: Path | None) -> None:
 @click.option("--scrape-interval", default="15s", show_default=True)
 @click.option("--sd-refresh-interval", default="30s", show_default=True, help="How often Prometheus re-reads /sd.")
 @click.option("--alertmanager", metavar="HOST:PORT", help="Send alerts here.")
+@click.option("--ca-file", metavar="PATH", help="Exporters deployed with TLS: the CA Prometheus verifies them with "
+              "[the system's]; their certificates must name the nodes' IPs.")
+@click.option("--basic-auth-user", metavar="USER", help="Exporters deployed with basic auth: Prometheus's user.")
+@click.option("--basic-auth-password-file", metavar="PATH", help="...and the file with its password, as "
+              "Prometheus will read it.")
 def prometheus_config(address: str, token_path: Path | None, scrape_interval: str, sd_refresh_interval: str,
-                      alertmanager: str | None) -> None:
+                      alertmanager: str | None, ca_file: str | None, basic_auth_user: str | None,
+                      basic_auth_password_file: str | None) -> None:
     """Print a Prometheus config: every node's exporter through the head exporter's /sd, and the
     rules of alerts/rules/ (absolute paths)."""
+    if bool(basic_auth_user) != bool(basic_auth_password_file):
+        fail("prometheus-config", "--basic-auth-user: give it with --basic-auth-password-file (Prometheus reads "
+             "the password from that file)", ExitCode.BAD_INPUT, address=address)
     client = _client("prometheus-config", address, token_path)
     try:
-        report = remote.exporters_status(client)
+        report = remote.exporters_status(client, load_deployment_access(address))
     except InfraError as exc:
         fail("prometheus-config", str(exc), ExitCode.INFRA_ERROR, address=address)
     head = next((row for row in report["nodes"] if row["role"] == "head" and row["exporter_url"]), None)
     if head is None:
         fail("prometheus-config", f"no exporter is deployed on the head node of {address}; run `launcher "
               "exporters deploy` first", ExitCode.BAD_INPUT, address=address)
-    click.echo(prometheus.render(prometheus.config(sd_url=head["exporter_url"] + wire.SD_PATH,
-                                                   scrape_interval=scrape_interval,
-                                                   sd_refresh_interval=sd_refresh_interval,
-                                                   alertmanager=alertmanager)), nl=False)
+    document = prometheus.config(sd_url=head["exporter_url"] + wire.SD_PATH, scrape_interval=scrape_interval,
+                                 sd_refresh_interval=sd_refresh_interval, alertmanager=alertmanager)
+    # The same TLS and credentials for /sd and for every node's /metrics (one web config on all nodes).
+    client_settings: dict[str, object] = {}
+    if head["exporter_url"].startswith("https:"):
+        client_settings["tls_config"] = {"ca_file": ca_file} if ca_file else {}
+    if basic_auth_user:
+        client_settings["basic_auth"] = {"username": basic_auth_user, "password_file": basic_auth_password_file}
+    if client_settings:
+        for job in document["scrape_configs"]:
+            job.update(client_settings, scheme="https" if "tls_config" in client_settings else "http")
+            for sd in job.get("http_sd_configs", []):
+                sd.update(client_settings)
+    click.echo(prometheus.render(document), nl=False)

@@ -2,7 +2,8 @@
 watcher looks at. The watcher asks nothing of Ray: the exporters already collect all of it.
 
 Where the exporters are: a local cluster's record lists them; on an existing cluster the head
-exporter's /sd lists every node's (as it does for Prometheus).
+exporter's /sd lists every node's (as it does for Prometheus). Exporters under a web config (TLS,
+basic auth) are read through the ExporterAccess the launcher keeps for them (state.ExporterAccess).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import wire
+from launcher.state import ExporterAccess
 
 READ_TIMEOUT_S = 3.0
 MAX_PARALLEL = 16
@@ -44,6 +46,7 @@ class Sample:
 class Target:
     node: str  # the launcher's or /sd's name for the node
     url: str  # the exporter's base URL
+    access: ExporterAccess | None = None  # TLS trust and credentials, when the exporter has a web config
 
 
 @dataclass
@@ -81,7 +84,9 @@ def read(target: Target, timeout: float = READ_TIMEOUT_S) -> NodeRead:
     request = urllib.request.Request(target.url.rstrip("/") + wire.METRICS_PATH,
                                      headers={"Accept-Encoding": "gzip"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        opened = target.access.urlopen(request, timeout) if target.access else urllib.request.urlopen(
+            request, timeout=timeout)
+        with opened as response:
             body = response.read()
             if response.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)
@@ -99,28 +104,30 @@ def read_all(targets: Iterable[Target]) -> list[NodeRead]:
         return list(pool.map(read, targets))
 
 
-def sd_targets(sd_url: str, timeout: float = READ_TIMEOUT_S) -> list[Target]:
-    """Every node's exporter as the head exporter's /sd lists them."""
-    with urllib.request.urlopen(sd_url, timeout=timeout) as response:
+def sd_targets(sd_url: str, timeout: float = READ_TIMEOUT_S, access: ExporterAccess | None = None) -> list[Target]:
+    """Every node's exporter as the head exporter's /sd lists them (with `access`: all read through it)."""
+    opened = access.urlopen(sd_url, timeout) if access else urllib.request.urlopen(sd_url, timeout=timeout)
+    with opened as response:
         groups = json.loads(response.read())
+    scheme = access.scheme if access else "http"
     found = []
     for group in groups:
         labels = group.get("labels") or {}
         for address in group.get("targets") or []:
-            found.append(Target(node=str(labels.get("node") or address), url=f"http://{address}"))
+            found.append(Target(node=str(labels.get("node") or address), url=f"{scheme}://{address}", access=access))
     return found
 
 
 TargetSource = Callable[[], list[Target]]
 
 
-def from_sd(sd_url: str) -> TargetSource:
+def from_sd(sd_url: str, access: ExporterAccess | None = None) -> TargetSource:
     """A target source that re-reads /sd at every check (nodes come and go); an unreachable /sd
     gives no targets, which the watcher reports."""
 
     def targets() -> list[Target]:
         try:
-            return sd_targets(sd_url)
+            return sd_targets(sd_url, access=access)
         except (OSError, ValueError):
             return []
 

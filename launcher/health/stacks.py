@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.raydash import DashboardHttpError, RayDashboard
+from launcher.state import private_dir, write_private
 
 TRACEBACK_PATH = "/worker/traceback"
 TIMEOUT_S = 30.0  # py-spy attaches to each process; a busy node answers in seconds
@@ -144,11 +145,11 @@ def collect(dashboard: RayDashboard, processes: list[Process], directory: Path, 
 
     with ThreadPoolExecutor(max_workers=min(32, len(processes)), thread_name_prefix="stacks") as pool:
         stacks = list(pool.map(one, processes))
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(directory)
     for stack in stacks:
         role = stack.process.role.split()[0]
         name = f"{stack.process.ip or stack.process.node_id[:12]}-{stack.process.pid}-{role}.txt"
-        (directory / name).write_text(stack.text if stack.text is not None else f"# not taken: {stack.error}\n")
+        write_private(directory / name, stack.text if stack.text is not None else f"# not taken: {stack.error}\n")
     taken = [stack for stack in stacks if stack.text is not None]
     members: dict[str, list[str]] = {}
     for stack in taken:
@@ -160,7 +161,7 @@ def collect(dashboard: RayDashboard, processes: list[Process], directory: Path, 
     evidence = Evidence(len(taken), len(stacks) - len(taken), groups, str(directory),
                         error=errors[0] if not taken and errors else None,
                         first_error=errors[0][:160] if errors else None)
-    (directory / "summary.json").write_text(json.dumps(
+    write_private(directory / "summary.json", json.dumps(
         {"summary": evidence.summary, "groups": evidence.groups, "taken": evidence.taken, "failed": evidence.failed,
          "errors": errors, "processes": [asdict(stack.process) for stack in stacks]}, indent=2))
     return evidence

@@ -4,6 +4,8 @@ One `DashboardSession` per collection run: the collectors run on the event loop,
 cheap on a LAN, and nothing is left open between runs (a collector's `close()` is synchronous).
 Every failure becomes a `DashboardError` whose `kind` is a bounded label value; a caller that
 gets `unreachable` knows Ray is down and omits its Ray series rather than serving old ones.
+The Ray token goes only where `LocalRay.dashboard` allows (see localray.py), and redirects are
+never followed: a 3xx is an error, so the token cannot be carried on to another address.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from exporter import wire
-from exporter.collectors.ray.localray import LocalRay, Raylet
+from exporter.collectors.ray.localray import LocalRay, Raylet, warn_once
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,13 @@ class DashboardSession:
         url = self.base_url + path
         async with self._limit:
             try:
-                async with self._session.get(url, params=params or None) as response:
+                async with self._session.get(url, params=params or None, allow_redirects=False) as response:
                     body = await response.text()
+                    if 300 <= response.status < 400:
+                        raise DashboardError("http", f"{response.status} from {path} redirects to "
+                                             f"{response.headers.get('Location', '?')[:200]}; redirects are not "
+                                             "followed (the Ray token stays here): set --ray-dashboard to where "
+                                             "the dashboard is")
                     if response.status in (401, 403):
                         raise DashboardError("unauthorized", f"{response.status} from {path}: set RAY_AUTH_TOKEN "
                                              "(or RAY_AUTH_TOKEN_PATH) to the cluster's token")
@@ -140,5 +147,13 @@ def ray_token() -> str | None:
 
 
 def connect(local: LocalRay, raylets: list[Raylet] | None = None) -> DashboardSession:
-    """A session to the dashboard this node belongs to, with the Ray token if there is one."""
-    return DashboardSession(local.dashboard_url(raylets), local.settings.request_timeout_seconds, ray_token())
+    """A session to the dashboard this node belongs to, with the Ray token if there is one and that
+    dashboard may have it (configured, or vouched for by a trusted raylet of this host)."""
+    where = local.dashboard(raylets)
+    token = ray_token()
+    if token and not where.token:
+        if where.why_not:
+            warn_once(("token", where.url, where.why_not), "not sending the Ray token to the dashboard at %s: %s "
+                      "(if it is your cluster's, name it with --ray-dashboard)", where.url, where.why_not)
+        token = None
+    return DashboardSession(where.url, local.settings.request_timeout_seconds, token)

@@ -18,7 +18,7 @@ from pathlib import Path
 from exporter.collector import AsyncCollector, register
 from exporter.collectors.ray import cluster, job_workload, jobs
 from exporter.collectors.ray.dashboard import DashboardError, connect
-from exporter.collectors.ray.localray import LocalRay, Raylet, raylets_on_host
+from exporter.collectors.ray.localray import LocalRay, Raylet
 from exporter.collectors.ray.process_info import start_time
 from exporter.collectors.ray.sd import deployed_ports, target_groups
 from exporter.config import ExporterConfig
@@ -48,7 +48,7 @@ class RayHeadCollector(AsyncCollector):
         self._sd_groups: tuple[dict[str, object], ...] = ()
 
     async def collect(self, out: SampleSink) -> None:
-        raylets = self.local.raylets()
+        raylets = await asyncio.to_thread(self.local.raylets)  # a procfs scan: off the event loop
         role = self.local.role(raylets)
         if role != "head":
             self.shared.service_discovery.publish(ServiceDiscovery(role))
@@ -108,7 +108,7 @@ class RayHeadCollector(AsyncCollector):
 
     def _driver_start_reader(self) -> Callable[[jobs.Job], float | None]:
         """Reads a driver's process start time when the driver runs on this host (any raylet here)."""
-        local_nodes = {raylet.node_id for raylet in raylets_on_host(self.local.procfs)}
+        local_nodes = {raylet.node_id for raylet in self.local.host_raylets()}
 
         def driver_start(job: jobs.Job) -> float | None:
             if job.driver_pid and job.driver_node_id in local_nodes:

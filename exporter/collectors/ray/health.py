@@ -53,7 +53,7 @@ class RayHealthCollector(AsyncCollector):
         self.errors = dict.fromkeys(ERROR_KINDS, 0)
 
     async def collect(self, out: SampleSink) -> None:
-        raylets = self.local.raylets()
+        raylets = await asyncio.to_thread(self.local.raylets)  # a procfs scan: off the event loop
         out.add(RAYLETS, len(raylets))
         for raylet in raylets:
             out.add_info(NODE_INFO, cluster_name=self.cluster, node_id=raylet.node_id, node_ip=raylet.node_ip,

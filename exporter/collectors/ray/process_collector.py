@@ -10,6 +10,7 @@ GPU use is joined from the gpu collector's per-process table (Shared.gpu_process
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
@@ -120,7 +121,7 @@ class RayProcessesCollector(AsyncCollector):
         self._children: dict[int, list[int]] = {}  # ppid -> pids, as of this run
 
     async def collect(self, out: SampleSink) -> None:
-        raylets = self.local.raylets()
+        raylets = await asyncio.to_thread(self.local.raylets)  # a procfs scan: off the event loop
         if not raylets:
             return
         processes = all_processes(self.local.procfs)

@@ -4,9 +4,16 @@ The exporter's progress endpoint (exporter/progress_server.py) fills the store i
 each run of this collector turns the store into series. A report names its job by Ray job id, submission id or both
 (whatever the reporting process knows); the other is looked up in the Jobs API so every series
 carries both, and reports of one rank under either name become one series set.
+
+Jobs Ray says have ended, or does not know, are marked doubtful in the store (let go first when room
+is needed) and released once they have been quiet for progress.finished_grace_seconds. The series
+are made from a snapshot of the store in a worker thread: a full store is tens of thousands of
+series, never rendered on the event loop that serves /metrics and the progress endpoint.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from exporter.catalog import counter, gauge
 from exporter.collector import AsyncCollector, register
@@ -14,12 +21,13 @@ from exporter.collectors.ray.dashboard import DashboardError, connect
 from exporter.collectors.ray.job_ids import JobDirectory
 from exporter.collectors.ray.localray import LocalRay
 from exporter.config import ExporterConfig
-from exporter.progress_store import FLOAT_FIELDS, REJECT_REASONS, RankState
+from exporter.progress_store import FLOAT_FIELDS, REJECT_REASONS, JobKey, RankState, StoreView
 from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
 NAME = "train"
 _REPORTED = "while a rank of a job reports progress"
+STATUS_EVERY_SECONDS = 30.0  # how often Ray's job list is read while jobs report (ended jobs are let go)
 LABELS = ("job_id", "submission_id", "rank")
 
 
@@ -78,8 +86,15 @@ RUN_EFFECTIVE = gauge("raypulse_run_effective_training_ratio", "Share of the run
                       "it kept (its launcher's estimate).", collector=NAME, labels=("run_id",), unit="ratio",
                       only_when="for a launcher run whose health watcher reports it")
 REJECTED = counter("raypulse_train_rejected_reports_total", "Progress requests refused, by reason: invalid (400), "
-                   "too_large (413), unsupported_media_type (415), too_many_jobs and too_many_ranks (429).",
-                   collector=NAME, labels=("reason",))
+                   "unauthorized (401: no or a wrong token), too_large (413), unsupported_media_type (415), "
+                   "too_many_jobs, too_many_ranks and too_many_series (429).", collector=NAME, labels=("reason",))
+SERIES = gauge("raypulse_train_series", "Series the progress store holds (bounded by progress.max_series).",
+               collector=NAME)
+SERIES_LIMIT = gauge("raypulse_train_series_limit", "The most series the progress store holds (progress.max_series).",
+                     collector=NAME)
+REFUSED_SERIES = counter("raypulse_train_refused_series_total", "Series that refused progress reports would have "
+                         "added (over progress.max_series, max_jobs or max_ranks_per_job): progress not shown.",
+                         collector=NAME)
 
 
 @register
@@ -96,18 +111,33 @@ class TrainCollector(AsyncCollector):
 
     async def collect(self, out: SampleSink) -> None:
         self.store.expire()
-        out.add(ENDPOINT_UP, bool(self.shared.progress_endpoint_up.get()))
-        out.add(JOBS, len(self.store.jobs))
-        for reason in REJECT_REASONS:
-            out.add(REJECTED, self.store.rejected[reason], reason=reason)
-        if self.directory.due(self.store.jobs):
+        jobs = list(self.store.jobs)
+        if jobs and (self.directory.due(jobs) or self.directory.older_than(STATUS_EVERY_SECONDS)):
             try:
                 async with connect(self.local) as api:
                     await self.directory.refresh(api)
             except DashboardError:
                 pass  # labels stay as reported until Ray answers
+        self._let_go_of_ended(jobs)
+        view = self.store.view()
+        await asyncio.to_thread(self._emit, out, view, bool(self.shared.progress_endpoint_up.get()))
+
+    def _let_go_of_ended(self, jobs: list[JobKey]) -> None:
+        doubtful = frozenset(key for key in jobs if self.directory.standing(*key) != "running")
+        self.store.doubtful = doubtful
+        grace = self.config.progress.finished_grace_seconds
+        self.store.release(key for key in doubtful if self.store.quiet_since(key) >= grace)
+
+    def _emit(self, out: SampleSink, view: StoreView, endpoint_up: bool) -> None:
+        out.add(ENDPOINT_UP, endpoint_up)
+        out.add(JOBS, len(view.jobs))
+        out.add(SERIES, view.series)
+        out.add(SERIES_LIMIT, self.config.progress.max_series)
+        out.add(REFUSED_SERIES, view.refused_series)
+        for reason in REJECT_REASONS:
+            out.add(REJECTED, view.rejected.get(reason, 0), reason=reason)
         merged: dict[tuple[str, str], dict[int, RankState]] = {}
-        for (job_id, submission_id), ranks in self.store.jobs.items():
+        for (job_id, submission_id), ranks in view.jobs.items():
             target = merged.setdefault(self.directory.resolve(job_id, submission_id), {})
             for rank, state in ranks.items():
                 if rank not in target or state.touched > target[rank].touched:
@@ -116,7 +146,7 @@ class TrainCollector(AsyncCollector):
             out.add(RANKS, len(ranks), job_id=job_id, submission_id=submission_id)
             for rank, state in ranks.items():
                 emit_rank(out, state, job_id=job_id, submission_id=submission_id, rank=rank)
-        for run_id, health in self.store.runs.items():
+        for run_id, health in view.runs.items():
             for fault, count in health.recoveries.items():
                 out.add(RUN_RECOVERIES, count, run_id=run_id, fault=fault)
             if health.recoveries:

@@ -10,3 +10,6 @@ supervisor is wire.DEPLOY_SUPERVISOR, the actor of a node is `wire.node_actor_na
 port)`. Ray's State API lists them over HTTP, which is how the head exporter's /sd and `launcher
 exporters status` learn each node's exporter port without importing ray.
 """
+
+WEB_DIR = "raypulse_web"  # `deploy --web-config`: the bundle, one more py_module of the deploy job
+WEB_CONFIG_FILE = "web-config.yml"  # the bundle's web config; the other files are the ones it names

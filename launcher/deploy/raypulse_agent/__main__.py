@@ -12,9 +12,11 @@ exporter (deploy) or something could not be removed.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -22,6 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from exporter import wire
 
+from . import WEB_DIR
 from .supervisor import Supervisor, _stop_and_kill, alive_nodes, is_head
 
 
@@ -30,8 +33,21 @@ def _result(result: dict[str, Any], ok: bool) -> int:
     return 0 if ok else 1
 
 
-def deploy(config: dict[str, Any], dashboard_url: str) -> int:
+def _web_files() -> dict[str, str] | None:
+    """The bundle of `deploy --web-config`: the files of the py_module WEB_DIR that came with this job.
+    Read before ray.init, while the job's own runtime env files are surely there."""
+    spec = importlib.util.find_spec(WEB_DIR)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    directory = Path(next(iter(spec.submodule_search_locations)))
+    return {path.name: path.read_text() for path in sorted(directory.iterdir())
+            if path.is_file() and path.name != "__init__.py"}
+
+
+def deploy(config: dict[str, Any], dashboard_url: str, web_files: dict[str, str] | None = None) -> int:
     config = {**config, "dashboard_url": config.get("dashboard_url") or dashboard_url}
+    if bool(web_files) != bool(config.get("web_config_sha256")):
+        return _result({"error": f"the web config bundle (py_module {WEB_DIR}) did not reach the deploy job"}, False)
     head = next(node_id for node_id, node in alive_nodes().items() if is_head(node))
     existed = True
     try:
@@ -43,7 +59,7 @@ def deploy(config: dict[str, Any], dashboard_url: str) -> int:
             num_cpus=0,
             max_concurrency=4,  # status calls are answered while a reconcile runs
             max_restarts=-1,  # a restarted supervisor adopts the node actors that still run
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=head, soft=False)).remote(config)
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=head, soft=False)).remote(config, web_files)
     current = ray.get(supervisor.settings.remote())
     if current != config:
         differs = sorted(key for key in {*current, *config} if current.get(key) != config.get(key))
@@ -94,10 +110,11 @@ def drain(request: dict[str, Any]) -> int:
 
 
 def main(argv: list[str]) -> int:
+    web_files = _web_files() if argv[:1] == ["deploy"] else None
     context = ray.init(namespace=wire.DEPLOY_NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
     dashboard = context.dashboard_url or ""
     if argv[:1] == ["deploy"] and len(argv) == 2:
-        return deploy(json.loads(argv[1]), dashboard if "://" in dashboard else f"http://{dashboard}")
+        return deploy(json.loads(argv[1]), dashboard if "://" in dashboard else f"http://{dashboard}", web_files)
     if argv == ["remove"]:
         return remove()
     if argv[:1] == ["drain"] and len(argv) == 2:

@@ -3,6 +3,11 @@ it running (the supervisor calls `ensure` every interval; a dead process is star
 
 The subprocess dies with the actor: on Linux it gets SIGTERM when its parent exits
 (PR_SET_PDEATHSIG), so `ray.kill`, a crashed worker or a lost node leave no exporter behind.
+
+What the actor writes on the node lives in a private directory of its own (mkdtemp: 0700, files
+0600, opened without following links): the exporter's log and, with `launcher exporters deploy
+--web-config`, the web config and certificates it was given. A directory an earlier actor of the
+same node and port left behind (a crash) is removed when the next one starts; stop() removes it.
 """
 
 from __future__ import annotations
@@ -10,8 +15,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
+import ssl
+import stat
 import subprocess
 import sys
 import tempfile
@@ -19,7 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import WEB_CONFIG_FILE
+
 STDERR_TAIL_BYTES = 2000
+PRIVATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _die_with_parent() -> None:
@@ -28,8 +39,26 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
+def _write_private(path: Path, data: str) -> None:
+    fd = os.open(path, PRIVATE_FILE, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(data)
+
+
+def _private_directory(prefix: str) -> Path:
+    """A fresh 0700 directory, after removing this user's leftovers of the same prefix (never a link)."""
+    base = Path(tempfile.gettempdir())
+    for old in base.glob(prefix + "*"):
+        with contextlib.suppress(OSError):
+            info = old.lstat()
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+                shutil.rmtree(old)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
 class NodeExporter:
-    def __init__(self, node_id: str, host: str, port: int, role: str, config: dict[str, Any]) -> None:
+    def __init__(self, node_id: str, host: str, port: int, role: str, config: dict[str, Any],
+                 web_files: dict[str, str] | None = None) -> None:
         self.node_id, self.host, self.port, self.role = node_id, host, port, role
         self.start_timeout = float(config.get("start_timeout_s", 60))
         self.command = [sys.executable, "-m", "exporter", "serve", "--listen", f"{host}:{port}",
@@ -40,8 +69,13 @@ class NodeExporter:
                         "--progress-listen", f"127.0.0.1:{port + 1}"]
         if config.get("simulate_gpus"):
             self.command += ["--simulate-gpus", str(config["simulate_gpus"])]
-        # One file per node and port, rewritten at each start: a killed actor leaves at most this.
-        self.log = Path(tempfile.gettempdir()) / f"raypulse-exporter-{node_id[:12]}-{port}.log"
+        self.directory = _private_directory(f"raypulse-exporter-{node_id[:12]}-{port}-")
+        self.log = self.directory / "exporter.log"  # rewritten at each start
+        self.tls = bool(config.get("tls"))
+        if web_files:
+            for name, content in web_files.items():
+                _write_private(self.directory / Path(name).name, content)
+            self.command += ["--web-config", str(self.directory / WEB_CONFIG_FILE)]
         self.process: subprocess.Popen | None = None
         self.starts = 0
         self.module, self.import_error = self._find_exporter()
@@ -58,7 +92,7 @@ class NodeExporter:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def ensure(self) -> dict[str, Any]:
         """Start the exporter unless it runs; report whether it answers."""
@@ -77,7 +111,7 @@ class NodeExporter:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
-        self.log.unlink(missing_ok=True)
+        shutil.rmtree(self.directory, ignore_errors=True)
         return True
 
     def _start(self) -> None:
@@ -85,7 +119,8 @@ class NodeExporter:
         if self.module:  # the child imports the same exporter as this actor, ahead of site-packages
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(self.module).parent),
                                                               env.get("PYTHONPATH")]))
-        with self.log.open("wb") as log:
+        self.log.unlink(missing_ok=True)
+        with os.fdopen(os.open(self.log, PRIVATE_FILE, 0o600), "wb") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                             stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         self.starts += 1
@@ -102,21 +137,30 @@ class NodeExporter:
         return False, f"the exporter did not answer {self.url}/healthz within {self.start_timeout:.0f}s"
 
     def _healthy(self) -> bool:
-        """GET /healthz answers 200. A raw socket, because a client whose ephemeral port happens to
-        be the one polled connects to itself (TCP simultaneous open) while nothing listens yet."""
+        """GET /healthz answers 200, or 401 under basic auth (the exporter answers; the actor holds no
+        password). A raw socket, because a client whose ephemeral port happens to be the one polled
+        connects to itself (TCP simultaneous open) while nothing listens yet. Over TLS the certificate
+        is not checked: this asks a process of this node whether it is up, and sends nothing."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.settimeout(2)
+        with socket.socket(family, socket.SOCK_STREAM) as raw:
+            raw.settimeout(2)
             try:
-                sock.bind((self.host, 0))
-                if sock.getsockname()[1] == self.port:
+                raw.bind((self.host, 0))
+                if raw.getsockname()[1] == self.port:
                     return False
-                sock.connect((self.host, self.port))
-                sock.sendall(f"GET /healthz HTTP/1.0\r\nHost: {self.host}:{self.port}\r\n\r\n".encode())
-                status_line = sock.recv(64).split(b"\r\n", 1)[0].split()
-            except OSError:
+                raw.connect((self.host, self.port))
+                sock = raw
+                if self.tls:
+                    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                    context.check_hostname = False
+                    context.verify_mode = ssl.CERT_NONE
+                    sock = context.wrap_socket(raw)
+                with sock:  # the TLS socket took over the raw one's descriptor
+                    sock.sendall(f"GET /healthz HTTP/1.0\r\nHost: {self.host}:{self.port}\r\n\r\n".encode())
+                    status_line = sock.recv(64).split(b"\r\n", 1)[0].split()
+            except OSError:  # ssl.SSLError is one
                 return False
-        return len(status_line) >= 2 and status_line[0].startswith(b"HTTP/") and status_line[1] == b"200"
+        return len(status_line) >= 2 and status_line[0].startswith(b"HTTP/") and status_line[1] in (b"200", b"401")
 
     def _tail(self) -> str:
         try:

@@ -52,8 +52,9 @@ class Placed:
 
 
 class Supervisor:
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.config = config
+    def __init__(self, config: dict[str, Any], web_files: dict[str, str] | None = None) -> None:
+        self.config = config  # compared by a second deploy; holds the web config's digest, never its files
+        self.web_files = web_files  # `deploy --web-config`: the web config and its certificates, for every node
         self.lock = threading.Lock()
         self.placed: dict[str, Placed] = {}
         self.stopping = threading.Event()
@@ -145,7 +146,7 @@ class Supervisor:
         name = wire.node_actor_name(node_id, port)
         role = "head" if is_head(node) else "worker"
         actor = ray.remote(NodeExporter).options(**place_options(name, node_id)).remote(
-            node_id, host, port, role, self.config)
+            node_id, host, port, role, self.config, self.web_files)
         return Placed(name, host, port, actor)
 
 
