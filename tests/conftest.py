@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -67,12 +68,19 @@ def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
     started: list[subprocess.Popen] = []
 
     def start(*args: str, env: dict[str, str] | None = None, ready: bool = True,
-              scheme: str = "http", port: int | None = None) -> RunningExporter:
+              scheme: str = "http", port: int | None = None, nofile: int | None = None) -> RunningExporter:
+        """`nofile`: the exporter's soft limit on open files (RLIMIT_NOFILE)."""
         port = port or free_port()
         log = tmp_path / f"exporter-{port}.log"
+
+        def limit() -> None:
+            if nofile is not None:
+                _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+
         process = subprocess.Popen(exporter_command("serve", "--listen", f"127.0.0.1:{port}", *args),
                                    stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=REPO,
-                                   env={**os.environ, **(env or {})})
+                                   env={**os.environ, **(env or {})}, preexec_fn=limit)
         started.append(process)
         running = RunningExporter(process, f"{scheme}://127.0.0.1:{port}", log)
         if ready:

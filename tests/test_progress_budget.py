@@ -5,27 +5,21 @@ series it holds stay under progress.max_series and what was refused is counted (
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
 
-from tests.conftest import free_port, wait_until
-from tests.ray_testcluster import start_exporter, stop_process
-from tests.test_progress_endpoint import post, train_series
+from tests.conftest import wait_until
+from tests.ray_testcluster import stop_process
+from tests.test_progress_endpoint import post, start_progress_exporter, train_series
 
 MAX_SERIES = 2000
 
 
 @pytest.fixture(scope="module")
 def exporter(tmp_path_factory):
-    progress_port = free_port()
-    env = {**os.environ, "RAYPULSE_EXPORTER_PROGRESS__MAX_SERIES": str(MAX_SERIES),
-           "RAYPULSE_EXPORTER_COLLECTORS__TRAIN__INTERVAL_SECONDS": "0.2",
-           "RAYPULSE_EXPORTER_RAY__DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"}  # no Ray here
-    running = start_exporter(tmp_path_factory.mktemp("budget"), free_port(), "--progress-listen",
-                             f"127.0.0.1:{progress_port}", env=env)
-    running.progress_port = progress_port
+    running = start_progress_exporter(tmp_path_factory.mktemp("budget"),
+                                      RAYPULSE_EXPORTER_PROGRESS__MAX_SERIES=str(MAX_SERIES))
     yield running
     stop_process(running.process)
 

@@ -21,18 +21,25 @@ MAX_JOBS, MAX_RANKS, MAX_BODY = 4, 3, 4096
 FAMILIES_PER_RANK = 15  # raypulse_train_* series one rank can have at most (nonfinite counts 3 fields)
 
 
+def start_progress_exporter(log_dir, **env: str):
+    """An exporter (no Ray here) whose progress endpoint is at `.progress_port`; the train collector
+    runs every 0.2 s. `env`: more RAYPULSE_EXPORTER_* settings."""
+    import os
+
+    progress_port = free_port()
+    running = start_exporter(log_dir, free_port(), "--progress-listen", f"127.0.0.1:{progress_port}", env={
+        **os.environ, "RAYPULSE_EXPORTER_COLLECTORS__TRAIN__INTERVAL_SECONDS": "0.2",
+        "RAYPULSE_EXPORTER_RAY__DASHBOARD_URL": f"http://127.0.0.1:{free_port()}", **env})
+    running.progress_port = progress_port
+    return running
+
+
 @pytest.fixture(scope="module")
 def exporter(tmp_path_factory):
-    progress_port = free_port()
-    env = {"RAYPULSE_EXPORTER_PROGRESS__MAX_JOBS": str(MAX_JOBS),
-           "RAYPULSE_EXPORTER_PROGRESS__MAX_RANKS_PER_JOB": str(MAX_RANKS),
-           "RAYPULSE_EXPORTER_PROGRESS__MAX_BODY_BYTES": str(MAX_BODY),
-           "RAYPULSE_EXPORTER_COLLECTORS__TRAIN__INTERVAL_SECONDS": "0.2",
-           "RAYPULSE_EXPORTER_RAY__DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"}  # no Ray here
-    import os
-    running = start_exporter(tmp_path_factory.mktemp("progress"), free_port(), "--progress-listen",
-                             f"127.0.0.1:{progress_port}", env={**os.environ, **env})
-    running.progress_port = progress_port
+    running = start_progress_exporter(tmp_path_factory.mktemp("progress"),
+                                      RAYPULSE_EXPORTER_PROGRESS__MAX_JOBS=str(MAX_JOBS),
+                                      RAYPULSE_EXPORTER_PROGRESS__MAX_RANKS_PER_JOB=str(MAX_RANKS),
+                                      RAYPULSE_EXPORTER_PROGRESS__MAX_BODY_BYTES=str(MAX_BODY))
     yield running
     stop_process(running.process)
 

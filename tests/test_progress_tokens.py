@@ -12,22 +12,16 @@ import time
 import pytest
 
 from exporter import wire
-from tests.conftest import REPO, free_port, wait_until
-from tests.ray_testcluster import start_exporter, stop_process
-from tests.test_progress_endpoint import post, train_series
+from tests.conftest import REPO, wait_until
+from tests.ray_testcluster import stop_process
+from tests.test_progress_endpoint import post, start_progress_exporter, train_series
 
 RAY_TOKEN = "a" * 64
 
 
 @pytest.fixture(scope="module")
 def exporter(tmp_path_factory):
-    progress_port = free_port()
-    env = {**os.environ, "RAY_AUTH_TOKEN": RAY_TOKEN,
-           "RAYPULSE_EXPORTER_COLLECTORS__TRAIN__INTERVAL_SECONDS": "0.2",
-           "RAYPULSE_EXPORTER_RAY__DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"}  # no Ray here
-    running = start_exporter(tmp_path_factory.mktemp("tokens"), free_port(), "--progress-listen",
-                             f"127.0.0.1:{progress_port}", env=env)
-    running.progress_port = progress_port
+    running = start_progress_exporter(tmp_path_factory.mktemp("tokens"), RAY_AUTH_TOKEN=RAY_TOKEN)
     yield running
     stop_process(running.process)
 

@@ -16,11 +16,8 @@ import asyncio
 import errno
 import gzip
 import hashlib
-import os
-import resource
-import subprocess
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +27,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from scripts.ports import free_port
-from tests.conftest import REPO, RunningExporter, exporter_command, wait_until
+from tests.conftest import RunningExporter, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -179,38 +176,14 @@ async def soak(url: str, pid: int, tally: Tally, during: Callable[[asyncio.Event
 
 
 @pytest.fixture
-def exporter_process(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
-    """`exporter serve` as a real process, optionally with a low file descriptor limit; waits until ready."""
-    started: list[subprocess.Popen] = []
+def exporter_process(start_exporter) -> Callable[..., RunningExporter]:
+    """`exporter serve` without Ray, optionally with a low file descriptor limit; waits until ready."""
 
     def start(*args: str, nofile: int | None = None, env: dict[str, str] | None = None) -> RunningExporter:
-        port = free_port()
-        log = tmp_path / f"exporter-{port}.log"
+        return start_exporter("--progress-listen", f"127.0.0.1:{free_port()}", "--ray-dashboard",
+                              f"http://127.0.0.1:{free_port()}", *NO_RAY, *args, env=env, nofile=nofile)
 
-        def limit() -> None:
-            if nofile is not None:
-                _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
-
-        command = exporter_command("serve", "--listen", f"127.0.0.1:{port}", "--progress-listen",
-                                   f"127.0.0.1:{free_port()}", "--ray-dashboard", f"http://127.0.0.1:{free_port()}",
-                                   *NO_RAY, *args)
-        process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=REPO,
-                                   env={**os.environ, **(env or {})}, preexec_fn=limit)
-        started.append(process)
-        running = RunningExporter(process, f"http://127.0.0.1:{port}", log)
-        wait_until(lambda: process.poll() is not None or running.get("/readyz")[0] == 200, 30,
-                   "the exporter to become ready")
-        assert process.poll() is None, log.read_text()
-        return running
-
-    yield start
-    for process in started:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    return start
 
 
 def warm_up(running: RunningExporter) -> None:
