@@ -169,7 +169,7 @@ def serve_accounted() -> None:
     for name, cls in load_collectors().items():
         if issubclass(cls, BlockingCollector):
             cls.collect = _timed(f"collector {name} (own)", cls.collect)  # type: ignore[method-assign]
-    exporter.exposition.encode = _timed(lambda fmt, snapshot: f"rendering: encoding {snapshot.collector}",
+    exporter.exposition.encode = _timed(lambda fmt, snapshot, *_: f"rendering: encoding {snapshot.collector}",
                                         exporter.exposition.encode)
     chunks = exporter.exposition.ChunkCache
     chunks.render = _timed("rendering: joining and gzip", chunks.render)  # type: ignore[method-assign]
