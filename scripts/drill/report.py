@@ -35,6 +35,8 @@ def render(report: Report) -> str:
         f"- Scrape and evaluation interval {SCRAPE_SECONDS}s; collectors "
         + ", ".join(f"{name} {seconds}s" for name, seconds in COLLECTOR_INTERVALS.items())
         + "; Alertmanager group_wait/group_interval 1s; Ray's node health check 1s x 5.",
+        "- The launcher's health watcher runs with every `health.on_*` set to `report`: it sees the same "
+        "faults and would otherwise stop the job (`make heal-drill` tests that half; docs/healing-drill.md).",
         f"- Budget of each alert = scrape + evaluation interval + its scaled `for` + the source's own delay "
         f"(collector interval; for a stall, the stall threshold; for a node, Ray's health check) + "
         f"{SLACK_SECONDS:g}s slack.",
