@@ -4,7 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
-APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
+APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter chromium
 
 .PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint docs dashboards alerts drill heal-drill clean
 
@@ -16,9 +16,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# Real Prometheus, promtool, Alertmanager and node_exporter for the tests and the benchmark.
+# Real Prometheus, promtool, Alertmanager and node_exporter for the tests and the benchmark; Debian's
+# chromium (headless) for the run report's browser test.
 system-deps:
-	@missing=""; for bin in prometheus promtool prometheus-alertmanager amtool prometheus-node-exporter; do \
+	@missing=""; for bin in prometheus promtool prometheus-alertmanager amtool prometheus-node-exporter chromium; do \
 		command -v $$bin >/dev/null 2>&1 || missing="$$missing $$bin"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing $(APT_PACKAGES) (missing:$$missing)"; \

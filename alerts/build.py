@@ -1,8 +1,11 @@
 """Write the rule files from the Python rules: `python -m alerts.build` (`make alerts`).
 
-    python -m alerts.build                 # alerts/rules/*.yaml and docs/alerts.md
+    python -m alerts.build                 # alerts/rules/*.yaml, docs/alerts.md, and the dcgm-exporter
+                                           # compat rules and doc (alerts/dcgm_compat.py)
     python -m alerts.build --check         # exit 1 if the committed files differ from the builder's
     python -m alerts.build --scale 0.033 --out /tmp/drill-rules   # the drill variant (see README)
+    python -m alerts.build --label-profile kuberay --out DIR    # another label contract (exporter/labels.py):
+    python -m alerts.build --cluster-label ray_io_cluster --out DIR   # the same, one name at a time
 
 The drill variant is the same rule text with every duration of alerts/config.py multiplied by
 `--scale` (Config.scaled): `for`s, windows and age thresholds, nothing else.
@@ -16,10 +19,12 @@ from pathlib import Path
 
 import yaml
 
+from alerts import dcgm_compat
 from alerts.config import DEFAULT, Config
 from alerts.groups import groups
 from alerts.model import Alert, Group, Record
 from alerts.prometheus import RULES_DIR
+from exporter import labels
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "alerts.md"
@@ -87,6 +92,7 @@ def render_doc(config: Config = DEFAULT) -> str:
 def outputs(config: Config = DEFAULT) -> dict[Path, str]:
     files = {RULES_DIR / name: text for name, text in rule_files(config).items()}
     files[DOC] = render_doc(config)
+    files.update(dcgm_compat.outputs())  # opt-in, never scaled: not among rule_files()
     return files
 
 
@@ -110,16 +116,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if the committed files are out of date")
     parser.add_argument("--scale", type=float, help="multiply every duration (the drill variant); needs --out")
     parser.add_argument("--out", type=Path, help="write the rule files here instead of alerts/rules/")
+    labels.add_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        contract = labels.from_arguments(args)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.check and not contract.is_default:
+        parser.error("--check compares the committed files, which use the default label contract")
     if args.check:
         stale = stale_outputs()
         for path in stale:
             print(f"{path.relative_to(REPO)} is out of date: run `make alerts`", file=sys.stderr)
         return 1 if stale else 0
-    if args.scale is not None or args.out is not None:
+    if args.scale is not None or args.out is not None or not contract.is_default:
         if args.out is None:
-            parser.error("--scale needs --out (the committed rules are never scaled)")
-        config = DEFAULT.scaled(args.scale) if args.scale is not None else DEFAULT
+            parser.error("--scale and the label options need --out (the committed rules are never scaled and "
+                         "use the default label contract)")
+        config = Config(labels=contract)
+        config = config.scaled(args.scale) if args.scale is not None else config
         for path in write_rules(args.out, config):
             print(path)
         return 0

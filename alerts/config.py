@@ -16,6 +16,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from exporter.labels import DEFAULT as DEFAULT_LABELS
+from exporter.labels import LabelContract
+
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
@@ -164,21 +167,27 @@ TUNING: dict[str, Tune] = {
 
 @dataclass(frozen=True)
 class Config:
-    # The Prometheus job name raypulse's exporters are scraped under (alerts/prometheus.py names the
-    # scrape job so), and the selector of their `up` series: nothing else uses it (our metric names
-    # are unique), so it only has to match the job name you gave the exporters.
-    scrape_job: str = "raypulse"
-    exporter_selector: str = ""  # default: job="<scrape_job>"
-    # Where docs/runbooks.md is published; each alert links to `#<alertname lowercased>`.
-    runbook_base: str = "https://github.com/raypulse/raypulse/blob/main/docs/runbooks.md"
+    # The label contract (exporter/labels.py): the cluster and node label names, the scrape job whose
+    # `up` series the rules select (alerts/prometheus.py names the scrape job so; nothing else uses it,
+    # our metric names are unique) and where docs/runbooks.md is published. Shared with dashboards.build
+    # and `exporter manifests`; `LabelContract(cluster="ray_io_cluster")` is KubeRay's naming.
+    labels: LabelContract = DEFAULT_LABELS
     critical_xids: tuple[int, ...] = CRITICAL_XIDS
     tuning: Mapping[str, Tune] = field(default_factory=lambda: dict(TUNING))
 
     @property
+    def scrape_job(self) -> str:
+        return self.labels.scrape_job
+
+    @property
+    def runbook_base(self) -> str:
+        """Each alert links to `<runbook_base>#<alertname lowercased>`."""
+        return self.labels.runbook_base
+
+    @property
     def up(self) -> str:
         """The `up` series of raypulse's scrape targets."""
-        selector = self.exporter_selector or f'job="{self.scrape_job}"'
-        return f"up{{{selector}}}"
+        return f"up{{{self.labels.selector}}}"
 
     def tune(self, key: str) -> Tune:
         try:

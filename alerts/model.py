@@ -2,7 +2,9 @@
 
 A group module returns a Group; `Group.render(config)` gives the dict that becomes YAML. The
 runbook link is added here, uniformly (`<runbook_base>#<alertname lowercased>`), as
-kubernetes-mixin's add-runbook-links does, so no rule spells one out.
+kubernetes-mixin's add-runbook-links does, so no rule spells one out; and here every expression and
+annotation goes through the label contract (`config.labels`, exporter/labels.py), so the groups
+spell `cluster` and `node` and a contract with other names renames them all.
 """
 
 from __future__ import annotations
@@ -52,14 +54,15 @@ class Alert:
     tuning_key: str = ""  # defaults to the name
 
     def render(self, config: Config) -> dict[str, Any]:
-        rule: dict[str, Any] = {"alert": self.name, "expr": promql(self.expr)}
+        labels = config.labels  # every label name through the contract (exporter/labels.py)
+        rule: dict[str, Any] = {"alert": self.name, "expr": labels.promql(promql(self.expr))}
         for_ = config.tune(self.tuning_key or self.name).for_
         if for_.seconds:
             rule["for"] = str(for_)
         rule["labels"] = {"severity": self.severity, "scope": self.scope}
         rule["annotations"] = {
-            "summary": self.summary,
-            "description": " ".join(self.description.split()),
+            "summary": labels.template(self.summary),
+            "description": labels.template(" ".join(self.description.split())),
             "runbook_url": f"{config.runbook_base}#{self.name.lower()}",
         }
         return rule
@@ -71,7 +74,7 @@ class Record:
     expr: str
 
     def render(self, config: Config) -> dict[str, Any]:
-        return {"record": self.record, "expr": promql(self.expr)}
+        return {"record": self.record, "expr": config.labels.promql(promql(self.expr))}
 
 
 @dataclass(frozen=True)

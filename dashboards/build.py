@@ -2,6 +2,8 @@
 
     python -m dashboards.build           # dashboards/json/*.json, dashboards/provisioning/, docs/dashboards.md
     python -m dashboards.build --check   # exit 1, naming them, if the committed files differ
+    python -m dashboards.build --label-profile kuberay --out DIR   # only the JSON, with another label
+    python -m dashboards.build --cluster-label ray_io_cluster --out DIR   # contract (exporter/labels.py)
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from dashboards import builder, docs, provisioner
 from dashboards.boards import BOARDS
+from exporter import labels
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "dashboards.md"
@@ -33,6 +36,17 @@ def stale() -> list[Path]:
     return differing + strays
 
 
+def write_json(directory: Path, contract: labels.LabelContract) -> list[Path]:
+    """The dashboards' JSON with `contract`'s label names, into `directory` (not the committed files)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for board in BOARDS:
+        path = directory / f"{board.uid}.json"
+        path.write_text(builder.render(board, contract))
+        written.append(path)
+    return written
+
+
 def write() -> list[Path]:
     files = generated()
     for path, text in files.items():
@@ -47,7 +61,21 @@ def write() -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 if anything is stale")
+    parser.add_argument("--out", type=Path, help="write only the dashboards' JSON, here (needed by the label options)")
+    labels.add_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        contract = labels.from_arguments(args)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.check and (args.out is not None or not contract.is_default):
+        parser.error("--check compares the committed files: no --out, the default label contract")
+    if args.out is not None or not contract.is_default:
+        if args.out is None:
+            parser.error("the label options need --out (the committed files use the default label contract)")
+        for path in write_json(args.out, contract):
+            print(f"wrote {path}")
+        return 0
     if args.check:
         paths = stale()
         for path in paths:

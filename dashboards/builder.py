@@ -46,6 +46,8 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat  # noqa: E4
 
 from dashboards.model import Board, Panel, Target  # noqa: E402
 from dashboards.selectors import VARIABLES  # noqa: E402
+from exporter.labels import DEFAULT as DEFAULT_LABELS  # noqa: E402
+from exporter.labels import LabelContract  # noqa: E402
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAG = "raypulse"
@@ -148,8 +150,9 @@ def _variables(board: Board) -> list[Any]:
     return variables
 
 
-def build(board: Board) -> dict[str, Any]:
-    """The dashboard as a JSON-ready dict."""
+def build(board: Board, labels: LabelContract = DEFAULT_LABELS) -> dict[str, Any]:
+    """The dashboard as a JSON-ready dict. The boards spell the default label names; `labels` (the
+    label contract, exporter/labels.py) renames them in every query, variable, legend and link."""
     dashboard = (sdk.Dashboard(board.title).uid(board.uid).description(board.description)
                  .tags([TAG, *board.tags]).readonly().tooltip(DashboardCursorSync.CROSSHAIR)
                  .time("now-1h", "now").refresh("30s").timezone("browser")
@@ -175,7 +178,7 @@ def build(board: Board) -> dict[str, Any]:
                 dashboard = dashboard.with_panel(child)
     built = json.loads(JSONEncoder().encode(dashboard.build()))
     _layout(built["panels"])
-    return built
+    return built if labels.is_default else labels.dashboard(built)
 
 
 def _layout(panels: list[dict[str, Any]]) -> None:
@@ -209,6 +212,6 @@ def _layout(panels: list[dict[str, Any]]) -> None:
     place(pending, y)
 
 
-def render(board: Board) -> str:
-    """The committed file's text: stable key order, one trailing newline."""
-    return json.dumps(build(board), indent=2, sort_keys=True) + "\n"
+def render(board: Board, labels: LabelContract = DEFAULT_LABELS) -> str:
+    """The committed file's text (with the default label contract): stable key order, one trailing newline."""
+    return json.dumps(build(board, labels), indent=2, sort_keys=True) + "\n"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from alerts.prometheus import rule_files
 from dashboards import promql
 from dashboards.provisioner import JSON_DIR
 from dashboards.selectors import catalog
@@ -41,7 +42,8 @@ def dashboard_expressions(json_dir: Path = JSON_DIR) -> list[str]:
 
 def alert_expressions(rules_dir: Path = ALERT_RULES) -> list[str]:
     expressions = []
-    for path in sorted(rules_dir.glob("*.yaml")) + sorted(rules_dir.glob("*.yml")):
+    # The default rule files only: the opt-in dcgm-compat.yml translates families, nobody reads them there.
+    for path in rule_files(rules_dir):
         for group in (yaml.safe_load(path.read_text()) or {}).get("groups", []):
             expressions += [str(rule["expr"]) for rule in group.get("rules", [])]
     return expressions

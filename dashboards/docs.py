@@ -6,6 +6,7 @@ from dashboards import promql
 from dashboards.model import Board, Panel
 from dashboards.provisioner import CONTAINER_DASHBOARDS, DATASOURCE_UID
 from dashboards.selectors import VARIABLES
+from exporter.wire import NODE_EXPORTER_JOB, NODE_EXPORTER_PORT
 
 INTRO = f"""# Dashboards
 
@@ -33,6 +34,35 @@ The dashboards expect what the head exporter's `/sd` gives every node's exporter
 labels: `cluster` and `node` (a scrape config with `http_sd_configs` pointing at
 `http://<head>:9477/sd`, as the launcher writes it). With static targets, add those two labels
 in the scrape config.
+
+The `submission` variable picks Ray jobs by submission id. It is not called `job`: that is
+Prometheus's label for the scrape job, which every series also carries.
+
+## Next to node_exporter
+
+Where nodes already run node_exporter, the exporters can leave the node to it (`--profile
+node-exporter-companion`, docs/configuration.md): they stop reading CPU, memory, vmstat, disks,
+network and pressure, which node_exporter's default collectors read as well. The dashboards' panels
+on those (the node dashboard's, and CPU and memory on the cluster and job dashboards) then read
+node_exporter's series for such nodes:
+
+- node_exporter's series get the node's labels from the same place as ours: in that profile the
+  head exporter's `/sd` lists every node's node_exporter (port `node_exporter.port`, default
+  {NODE_EXPORTER_PORT}) with the `cluster`, `node`, `role` and `ray_node_id` of the node's exporter and
+  `job="{NODE_EXPORTER_JOB}"` (`node_exporter.job`; node-mixin's selector). The one `http_sd_configs` scrape
+  job scrapes both; nothing else to configure (`node_exporter.discover: true` lists it in any
+  profile; with static targets, give node_exporter's the node's `cluster` and `node` labels).
+- Each such query is written twice, raypulse's and node_exporter's with the same result labels
+  (`device` renamed `interface`; vmstat pages and KiB made bytes, a page taken as 4096 bytes), joined
+  `(ours) or on (cluster, node) ((theirs) and on (cluster, node) raypulse_exporter_build_info{{...}})`:
+  per node, raypulse's series where it has them (a node with both is never counted twice),
+  node_exporter's otherwise, and only for nodes that run a raypulse exporter. The "reads" column
+  below lists both families.
+- node_exporter reports every interface and block device; its queries leave out the ones raypulse
+  leaves out by default (`node.network_exclude_interfaces`, `node.disk_exclude_devices`).
+- node_exporter has no CPU `full` pressure line: that one series is missing for such nodes. TCP,
+  filesystems, InfiniBand, process counts and node identity stay raypulse's: the profile keeps
+  those collectors.
 
 Links: every dashboard has a "raypulse dashboards" menu that keeps the time range and the
 variables; series link onward (a GPU's panels to the jobs using it, a job's GPU panels to the

@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,9 +57,10 @@ def query_range(prometheus: str, expr: str, start: float, end: float, step: floa
 
 
 def run(prometheus: str, variables: Mapping[str, str], window: float = 300, step: float = 2,
-        rate_interval: str = "5s", json_dir: Path = JSON_DIR) -> list[Result]:
-    """One Result per target of every dashboard. `rate_interval` stands for $__rate_interval:
-    Grafana makes it at least four scrape intervals."""
+        rate_interval: str = "5s", json_dir: Path = JSON_DIR,
+        keep: Callable[[str], bool] | None = None) -> list[Result]:
+    """One Result per target of every dashboard (with `keep`, of those whose expression it keeps).
+    `rate_interval` stands for $__rate_interval: Grafana makes it at least four scrape intervals."""
     end = time.time()
     macros = {"$__rate_interval": rate_interval, "$__interval": f"{step:g}s", "$__range": f"{int(window)}s"}
     present = names_present(prometheus)
@@ -69,6 +70,8 @@ def run(prometheus: str, variables: Mapping[str, str], window: float = 300, step
         names = [v["name"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
         values = {name: variables.get(name, ".*") for name in names}
         for panel, target in promql.iter_targets(dashboard):
+            if keep is not None and not keep(target["expr"]):
+                continue
             expr = promql.fill(target["expr"], values, macros)
             result = Result(path.stem, panel["title"], target["refId"], expr)
             try:

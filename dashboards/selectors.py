@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from dashboards import node_exporter
 from exporter.catalog import CATALOG, MetricSpec
 from exporter.collector import load_collectors
 
@@ -21,9 +22,11 @@ from exporter.collector import load_collectors
 TARGET_LABELS = frozenset({"job", "instance", "cluster", "node", "role", "ray_node_id"})
 # Series that are not ours but that dashboards read: Prometheus's own, with the labels we filter on.
 # ALERTS keeps the labels of the alert's expression; ours keep these where the expression has them.
+# node_exporter's get the same target labels from /sd (dashboards/node_exporter.py).
 FOREIGN = {"up": TARGET_LABELS,
            "ALERTS": frozenset({"cluster", "node", "gpu", "submission_id", "alertname", "alertstate", "severity",
-                                "scope"})}
+                                "scope"}),
+           **{name: labels | TARGET_LABELS for name, labels in node_exporter.FAMILIES.items()}}
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,8 @@ VARIABLES = {v.name: v for v in (
              "Ray cluster: the `cluster` label the head exporter's /sd gives every node's exporter."),
     Variable("node", "Node", "node", 'label_values(raypulse_exporter_build_info{cluster=~"$cluster"}, node)',
              "Ray node (the `node` label from /sd: the launcher's node name or the node IP)."),
-    Variable("job", "Job", "submission_id",
+    # Not `job`: that is Prometheus's scrape-job label, and a link or a reader would take one for the other.
+    Variable("submission", "Submission", "submission_id",
              'label_values(raypulse_job_info{cluster=~"$cluster"}, submission_id)',
              "Ray job by submission id (one per launcher attempt: <run id>-<attempt>)."),
     Variable("gpu", "GPU", "gpu", 'label_values(raypulse_gpu_info{cluster=~"$cluster", node=~"$node"}, gpu)',

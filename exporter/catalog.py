@@ -13,9 +13,12 @@ import re
 from dataclasses import dataclass, field
 
 PREFIX = "raypulse_"
+# The standard process families every Prometheus client library exports under these names
+# (prometheus_client's ProcessCollector): dashboards and alerts written for any exporter read them.
+STANDARD_PREFIX = "process_"
 # Units are Prometheus base units; the name must end in the unit (before `_total`).
 UNITS = ("seconds", "bytes", "celsius", "watts", "joules", "hertz", "ratio", "volts", "amperes")
-_NAME_RE = re.compile(r"^raypulse_[a-z][a-z0-9_]*[a-z0-9]$")
+_NAME_RE = re.compile(rf"^({PREFIX}|{STANDARD_PREFIX})[a-z][a-z0-9_]*[a-z0-9]$")
 _LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 # Target labels Prometheus attaches itself; a series carrying them would be renamed exported_*.
 _RESERVED_LABELS = frozenset({"job", "instance", "le", "quantile"})
@@ -100,7 +103,7 @@ def naming_problems(spec: MetricSpec) -> list[str]:
     checks; an empty list means the spec is fine."""
     problems: list[str] = []
     if not _NAME_RE.match(spec.name) or "__" in spec.name:
-        problems.append("name must be raypulse_ followed by snake_case")
+        problems.append(f"name must be {PREFIX} (or the standard {STANDARD_PREFIX}) followed by snake_case")
     if spec.type is MetricType.COUNTER and not spec.name.endswith("_total"):
         problems.append("counter names end in _total")
     if spec.type is not MetricType.COUNTER and spec.name.endswith("_total"):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from exporter import __version__, plugins, redact
+from exporter import __version__, plugins, profiles, redact
 from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig, unknown_environment
 from exporter.gpusim.cli import gpu_fault
 
@@ -24,6 +25,7 @@ _FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "listen": ("listen",),
     "web_config": ("web_config_file",),
     "log_level": ("log_level",),
+    "profile": ("profile",),
     "checkpoint_paths": ("node", "checkpoint_paths"),
     "procfs": ("node", "procfs"),
     "sysfs": ("node", "sysfs"),
@@ -39,8 +41,14 @@ _FLAG_PATHS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _flags(enable: tuple[str, ...] = (), disable: tuple[str, ...] = (), **values: Any) -> dict[str, Any]:
+def _flags(enable: tuple[str, ...] = (), disable: tuple[str, ...] = (), disable_defaults: bool = False,
+           **values: Any) -> dict[str, Any]:
     """Only the flags actually given, shaped like the config file."""
+    if disable_defaults:  # node_exporter's spelling of --profile none
+        if values.get("profile") not in (None, profiles.NONE):
+            raise click.UsageError(f"--collector.disable-defaults is --profile {profiles.NONE}; it contradicts "
+                                   f"--profile {values['profile']} (give one of them)")
+        values["profile"] = profiles.NONE
     flags: dict[str, Any] = {}
     for name, value in values.items():
         if value is None or value == ():
@@ -75,17 +83,22 @@ def _load(config_file: Path | None, **flag_args: Any) -> ExporterConfig:
 
 def _config_options(func: Any) -> Any:
     options = [
-        click.option("--listen", metavar="HOST:PORT",
+        click.option("--listen", "--web.listen-address", "listen", metavar="HOST:PORT",
                      help=f"Address to serve on [default: 0.0.0.0:{DEFAULT_PORT}; env {ENV_PREFIX}LISTEN]."),
         click.option("--config", "config_file", type=click.Path(path_type=Path),
                      help="YAML config file (same shape as docs/configuration.md)."),
-        click.option("--web-config", type=click.Path(path_type=Path),
+        click.option("--web-config", "--web.config.file", "web_config", type=click.Path(path_type=Path),
                      help="TLS / basic auth file in Prometheus exporter-toolkit format."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"])),
+        click.option("--profile", type=click.Choice(profiles.NAMES),
+                     help=f"Collectors that run unless named [default: {profiles.DEFAULT}]; {profiles.COMPANION} "
+                          "leaves to node_exporter what it reads too (docs/configuration.md)."),
+        click.option("--collector.disable-defaults", "disable_defaults", is_flag=True, default=False,
+                     help=f"node_exporter's name for --profile {profiles.NONE}: no collector runs unless named."),
         click.option("--enable-collector", "enable", multiple=True, metavar="NAME",
-                     help="Turn a collector on (repeatable)."),
+                     help="Turn a collector on, whatever the profile (repeatable; also --collector.NAME)."),
         click.option("--disable-collector", "disable", multiple=True, metavar="NAME",
-                     help="Turn a collector off (repeatable)."),
+                     help="Turn a collector off, whatever the profile (repeatable; also --no-collector.NAME)."),
         click.option("--checkpoint-path", "checkpoint_paths", multiple=True, type=click.Path(path_type=Path),
                      help="A checkpoint directory whose volume is always watched (repeatable)."),
         click.option("--procfs", type=click.Path(path_type=Path), help="procfs mount point [/proc]."),
@@ -113,13 +126,40 @@ def _config_options(func: Any) -> Any:
     return func
 
 
+# node_exporter's per-collector flags. Collector names are open-ended (and checked by the configuration,
+# which names the known ones), so these become --enable-collector/--disable-collector NAME before click
+# parses; `--collector.<name>.<setting>` (a node_exporter collector setting) is left alone and refused.
+_COLLECTOR_FLAG = re.compile(r"--(no-)?collector\.([A-Za-z0-9_]+)")
+
+
+def node_exporter_collector_flags(args: list[str]) -> list[str]:
+    """`--collector.NAME` -> `--enable-collector NAME`, `--no-collector.NAME` -> `--disable-collector NAME`."""
+    rewritten: list[str] = []
+    for index, arg in enumerate(args):
+        if arg == "--":
+            return rewritten + args[index:]
+        match = _COLLECTOR_FLAG.fullmatch(arg)
+        if match is None:
+            rewritten.append(arg)
+        else:
+            rewritten += ["--disable-collector" if match[1] else "--enable-collector", match[2]]
+    return rewritten
+
+
+class _NodeExporterFlags(click.Command):
+    """A command that also takes node_exporter's --collector.NAME and --no-collector.NAME."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, node_exporter_collector_flags(args))
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="raypulse exporter")
 def main() -> None:
     """raypulse exporter: job, node/pod and GPU metrics of a Ray node for Prometheus."""
 
 
-@main.command()
+@main.command(cls=_NodeExporterFlags)
 @_config_options
 def serve(config_file: Path | None, **flag_args: Any) -> None:
     """Serve /metrics, /healthz, /readyz and / until interrupted."""
@@ -134,7 +174,7 @@ def serve(config_file: Path | None, **flag_args: Any) -> None:
         sys.exit(1)
 
 
-@main.command("check-config")
+@main.command("check-config", cls=_NodeExporterFlags)
 @_config_options
 def check_config(config_file: Path | None, **flag_args: Any) -> None:
     """Validate the configuration and print the effective settings as YAML."""
@@ -175,3 +215,61 @@ def _write(text: str, output: Path | None) -> None:
 
 
 main.add_command(gpu_fault)  # exporter gpu-fault: fault injection for simulated GPUs
+
+
+@main.command()
+@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory to write dashboards/*.json, rules/*.yaml and alertmanager.yml into.")
+def assets(output: Path) -> None:
+    """Write the Grafana dashboards and Prometheus rule files that ship with raypulse."""
+    from exporter import assets as packaged
+
+    for path in packaged.write(output):
+        click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.option("--namespace", help="Namespace of every object [default: monitoring].")
+@click.option("--release", metavar="NAME",
+              help="kube-prometheus-stack's Helm release: every object gets the label release=NAME it selects.")
+@click.option("--name", help="Name of the DaemonSet and Service; the other objects' names start with it "
+                             "[default: raypulse-exporter].")
+@click.option("--image", metavar="IMAGE", help="Exporter image [default: ghcr.io/raypulse/raypulse-exporter:VERSION].")
+@click.option("--cluster", help="Value of the cluster label of every series [default: default].")
+@click.option("--runtime-class", metavar="NAME",
+              help="runtimeClassName of the pods, e.g. nvidia where the NVIDIA runtime is not the default one.")
+@click.option("--priority-class", metavar="NAME",
+              help="priorityClassName of the pods, '' for none [default: system-node-critical].")
+@click.option("--node-selector", "node_selector", multiple=True, metavar="KEY=VALUE",
+              help="Run only on nodes with this label (repeatable).")
+@click.option("--unprivileged", is_flag=True,
+              help="Run as the image's user without capabilities: other users' processes are not attributed.")
+@click.option("--pod-network", is_flag=True, help="Use the pod's network namespace instead of the node's.")
+@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path),
+              help="Write one YAML file per object into this directory instead of all to stdout.")
+def manifests(node_selector: tuple[str, ...], unprivileged: bool, pod_network: bool, output: Path | None,
+              priority_class: str | None, **given: str | None) -> None:
+    """Kubernetes manifests: DaemonSet, Service, ServiceMonitor, PrometheusRule, dashboard ConfigMaps."""
+    from exporter import manifests as k8s
+
+    selector = {}
+    for item in node_selector:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--node-selector")
+        selector[key] = value
+    settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
+    if priority_class is not None:
+        settings["priority_class"] = priority_class or None
+    try:
+        options = k8s.Options(**settings, node_selector=selector, unprivileged=unprivileged,
+                              host_network=not pod_network)
+    except ValueError as exc:
+        click.echo(f"exporter: {exc}", err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    objects = k8s.render(options)
+    if output is None:
+        click.echo(k8s.to_yaml(objects), nl=False)
+    else:
+        for path in k8s.write(objects, output):
+            click.echo(f"wrote {path}")

@@ -17,7 +17,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
-from exporter import strict, wire
+from exporter import profiles, strict, wire
 
 DEFAULT_PORT = wire.EXPORTER_PORT
 ENV_PREFIX = wire.ENV_EXPORTER_PREFIX
@@ -104,6 +104,10 @@ class GpuSettings(_Strict):
                                           "initialization attempts while they fail (the wait doubles from 1 s).")
     static_refresh_seconds: float = Field(300.0, gt=0, le=86400, description="Seconds between re-reads of what "
                                           "rarely changes (limits, maxima) and re-probes of unsupported calls.")
+    max_process_series: int = Field(32, ge=0, le=4096, description=(
+        "Most (GPU, process) pairs of the node exported as per-process series (a `pid` label each, which churns "
+        "with every restart), the largest device memory first; 0: none. raypulse_gpu_processes and the Ray "
+        "job attribution count every process either way."))
 
     @field_validator("simulate_model")
     @classmethod
@@ -207,6 +211,21 @@ class ProgressSettings(_Strict):
         return self
 
 
+class NodeExporterSettings(_Strict):
+    """node_exporter on every node, beside this exporter (exporter/profiles.py)."""
+
+    discover: bool | None = Field(None, description=(
+        "List every node's node_exporter in the head's /sd (its IP and `port`, the `cluster`, `node`, `role` "
+        "and `ray_node_id` labels of the node's exporter, and `job` set to `node_exporter.job`), so the dashboards' "
+        "node panels can read its series. "
+        f"Unset: only in the {profiles.COMPANION} profile."))
+    port: int = Field(wire.NODE_EXPORTER_PORT, ge=1, le=65535, description="The port node_exporter listens on, "
+                      "the same on every node.")
+    job: str = Field(wire.NODE_EXPORTER_JOB, pattern=_LABEL_VALUE, description=(
+        "The `job` label of node_exporter's /sd targets (node-mixin selects job=\"node\"; raypulse's own "
+        "targets keep the scrape job's name)."))
+
+
 class HttpSettings(_Strict):
     """Bounds on what the clients of the exporter's HTTP ports may hold (exporter/guard.py)."""
 
@@ -243,9 +262,15 @@ class ExporterConfig(BaseSettings):
     stale_after_intervals: float = Field(3.0, ge=1, le=100,
                                          description="A collector's series are dropped when its last good "
                                                      "run is older than this many intervals.")
+    profile: str = Field(profiles.DEFAULT, pattern=f"^({'|'.join(profiles.NAMES)})$", description=(
+        "Which collectors run when not named under `collectors`: default (each its own default); "
+        f"{profiles.COMPANION} (the default less what node_exporter's default collectors read too; see "
+        "below); none (no collector, as node_exporter's --collector.disable-defaults). A collector turned on or "
+        "off by name (`collectors.<name>.enabled`, a flag) is always as named."))
     collectors: dict[str, CollectorSettings] = Field(default_factory=dict,
                                                      description="Per-collector settings by name.")
     node: NodeSettings = Field(default_factory=NodeSettings)
+    node_exporter: NodeExporterSettings = Field(default_factory=NodeExporterSettings)
     pod: PodSettings = Field(default_factory=PodSettings)
     gpu: GpuSettings = Field(default_factory=GpuSettings)
     otlp: OtlpSettings = Field(default_factory=OtlpSettings)
@@ -262,7 +287,17 @@ class ExporterConfig(BaseSettings):
         return value
 
     def collector_settings(self, name: str) -> CollectorSettings:
-        return self.collectors.get(name, CollectorSettings())
+        """The collector's settings; `enabled` unset means its own default unless the profile turns it off."""
+        settings = self.collectors.get(name, CollectorSettings())
+        if settings.enabled is None and profiles.turns_off(self.profile, name):
+            return settings.model_copy(update={"enabled": False})
+        return settings
+
+    @property
+    def discovers_node_exporter(self) -> bool:
+        """Whether the head's /sd lists every node's node_exporter too."""
+        discover = self.node_exporter.discover
+        return profiles.discovers_node_exporter(self.profile) if discover is None else discover
 
 
 def parse_listen(value: str) -> tuple[str, int]:

@@ -2,9 +2,10 @@
 
     /metrics   Prometheus text 0.0.4, or OpenMetrics when the Accept header asks; gzip on request
     /healthz   the process is alive (never depends on collection)
-    /readyz    every collector has run once
+    /readyz    every collector has run once; the body says what it cannot see (no NVML, no Ray processes)
     /          a landing page
-    /sd        on the Ray head: Prometheus HTTP service discovery of every node's exporter
+    /sd        on the Ray head: Prometheus HTTP service discovery of every node's exporter (and
+               node_exporter, when node_exporter.discover says so)
 
 It also owns the training progress endpoint (a listener of its own, exporter/progress_server.py)
 and the OTLP pusher. What the parts hand each other goes through `Shared` (exporter/shared.py).
@@ -32,6 +33,7 @@ from exporter.collector import REGISTRY, Collector, load_collectors
 from exporter.config import ExporterConfig, parse_listen
 from exporter.exposition import Format, Publisher
 from exporter.guard import Guard, GuardedTCPSite, runner_options
+from exporter.nodeexporter_sd import node_exporter_groups
 from exporter.progress_server import ProgressEndpoint
 from exporter.scheduler import Scheduler
 from exporter.shared import Shared
@@ -155,7 +157,8 @@ class Exporter:
         fmt = negotiate(request.headers.get("Accept", ""))
         want_gzip = gzip_accepted(request.headers.get("Accept-Encoding", ""))
         body = await self.publisher.body(fmt, want_gzip=want_gzip)
-        headers = {"Content-Type": fmt.content_type}
+        # The body depends on both headers: a cache in between must key on them (as node_exporter's).
+        headers = {"Content-Type": fmt.content_type, "Vary": "Accept, Accept-Encoding"}
         if want_gzip:
             headers["Content-Encoding"] = "gzip"
         return web.Response(body=body, headers=headers)
@@ -166,17 +169,46 @@ class Exporter:
             role = found.role if found is not None else "not known yet"
             return web.Response(status=404, text=f"this exporter's Ray role is {role}; /sd is served by the "
                                                  "exporter on the Ray head node\n")
-        return web.Response(text=json.dumps(list(found.groups)), content_type="application/json",
+        groups = list(found.groups)
+        if self.config.discovers_node_exporter:  # node_exporter beside every exporter, labelled alike
+            settings = self.config.node_exporter
+            groups += node_exporter_groups(found.groups, settings.port, settings.job)
+        return web.Response(text=json.dumps(groups), content_type="application/json",
                             headers={"Cache-Control": "no-store"})
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     async def _readyz(self, request: web.Request) -> web.Response:
+        """200 once every collector ran (503 before); the body adds what the exporter cannot see, read
+        from the collectors' last snapshots, so that a sidecar without GPU or process visibility says so
+        (the status stays 200: a node without GPUs or Ray is a normal node)."""
         assert self.scheduler is not None
+        blind = "".join(f"{line}\n" for line in self._blind_spots())
         if self.scheduler.ready:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="waiting for collectors: " + ", ".join(self.scheduler.pending()) + "\n")
+            return web.Response(text="ready\n" + blind)
+        return web.Response(status=503, text="waiting for collectors: " + ", ".join(self.scheduler.pending()) + "\n"
+                            + blind)
+
+    def _blind_spots(self) -> list[str]:
+        assert self.scheduler is not None
+        snapshots = {runner.name: runner.snapshot for runner in self.scheduler.runners}
+
+        def samples(collector: str, name: str) -> list[tuple[tuple[str, ...], float]]:
+            snapshot = snapshots.get(collector)
+            return [] if snapshot is None else [s for spec, series in snapshot if spec.name == name for s in series]
+
+        lines = []
+        nvml_up = samples("gpu", "raypulse_gpu_nvml_up")
+        if nvml_up and not nvml_up[0][1]:
+            errors = ", ".join(labels[0] for labels, _ in samples("gpu", "raypulse_gpu_nvml_init_failures_total"))
+            lines.append(f"gpu: NVML not available ({errors or 'not initialized'}; no GPU visibility: no NVIDIA "
+                         "driver, or the container was given no GPUs, e.g. NVIDIA_VISIBLE_DEVICES)")
+        raylets = samples("ray", "raypulse_ray_local_raylets")
+        if "ray_processes" in snapshots and raylets and not raylets[0][1]:
+            lines.append("ray_processes: no Ray processes visible (no raylet in this process table: Ray not "
+                         "running here, or not visible: shareProcessNamespace in the Ray pod, hostPID for a DaemonSet)")
+        return lines
 
     async def _index(self, request: web.Request) -> web.Response:
         assert self.scheduler is not None

@@ -28,6 +28,11 @@ SD_PATH = "/sd"  # Prometheus HTTP service discovery, on the head's exporter
 METRICS_PATH = "/metrics"
 HEALTH_PATH = "/healthz"
 
+# --- node_exporter beside the exporter (the node-exporter-companion profile) ----------------------
+NODE_EXPORTER_PORT = 9100  # node_exporter's default --web.listen-address port
+NODE_EXPORTER_JOB = "node"  # the `job` its /sd targets get: what node-mixin's rules and dashboards select
+SD_JOB_LABEL = "job"  # Prometheus keeps a `job` target label that discovery sets over the scrape job's name
+
 # --- Ray node labels (set by the launcher with `ray start --labels`) ------------------------------
 NODE_LABEL_EXPORTER_PORT = "raypulse.io/exporter-port"  # the port of the node's exporter
 NODE_LABEL_NODE = "raypulse.io/node"  # the launcher's name for the node: head, workers-1, ...
@@ -94,6 +99,10 @@ def parse_node_actor_name(name: str) -> tuple[str, int] | None:
 ENV_RAY_AUTH_MODE = "RAY_AUTH_MODE"
 ENV_RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"
 ENV_RAY_AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
+
+# --- where Ray's clients find a cluster (`ray job submit` reads the first, then the second) -------
+ENV_RAY_API_SERVER_ADDRESS = "RAY_API_SERVER_ADDRESS"  # a dashboard URL (Jobs API)
+ENV_RAY_ADDRESS = "RAY_ADDRESS"  # a dashboard URL, or a GCS address (head:6379, auto) for ray.init
 
 
 class RayTokenUnreadable(OSError):

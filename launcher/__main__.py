@@ -1,5 +1,5 @@
-"""`python -m launcher` = the `launcher` console script."""
+"""`python -m launcher` = the `launcher` console script (same name in help and shell completion)."""
 
-from launcher.cli import main
+from launcher.console import main
 
 main()

@@ -9,12 +9,15 @@
 
 `submit` starts what the backend needs (a local cluster, or checks an existing one), submits the
 first attempt (or finds it, by submission id) and returns; `wait` supervises the run to its end.
+With no target in the spec, RAY_API_SERVER_ADDRESS / RAY_ADDRESS name an existing cluster, as for
+`ray job submit` (launcher/target.py); `submit(spec, detach=True)` is `--no-wait` (launcher/detach.py).
 With an OTLP endpoint (spec `otlp_endpoint` or OTEL_EXPORTER_OTLP_*), all of it is one trace
 (launcher/tracing.py) that ends when the handle closes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import shutil
@@ -26,6 +29,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from exporter import wire
+from launcher import detach as detaching
+from launcher import recording, target
 from launcher.deploy import remote
 from launcher.display import Reporter
 from launcher.errors import BadInput, InfraError
@@ -38,6 +43,7 @@ from launcher.jobs import TERMINAL, JobsClient, read_token
 from launcher.journal import Journal
 from launcher.local import Cancelled, LocalCluster, forget_cluster, stop_cluster_processes
 from launcher.run import Run, finish_run, job_view, submission_id, update_attempt
+from launcher.runtime_env import is_remote
 from launcher.spec import JobSpec, build_spec
 from launcher.state import (
     ClusterRecord,
@@ -60,15 +66,25 @@ def as_spec(spec: JobSpec | Mapping[str, Any]) -> JobSpec:
     return spec if isinstance(spec, JobSpec) else build_spec(dict(spec))
 
 
-def _check_working_dir(spec: JobSpec) -> JobSpec:
-    """A local working dir is uploaded with each attempt: it must exist before anything starts, and
-    is recorded as an absolute path (a later retry or `status` may run from elsewhere)."""
-    if not spec.working_dir or "://" in spec.working_dir:
-        return spec
-    path = Path(spec.working_dir).expanduser()
-    if not path.is_dir():
-        raise BadInput(f"working_dir: {spec.working_dir} is not a directory")
-    return spec.model_copy(update={"working_dir": str(path.resolve())})
+def _check_local_paths(spec: JobSpec) -> JobSpec:
+    """A local working dir and local py_modules are uploaded with each attempt: they must exist before
+    anything starts, and are recorded as absolute paths (a later retry or `status` may run from elsewhere)."""
+    update: dict[str, Any] = {}
+    if spec.working_dir and not is_remote(spec.working_dir):
+        path = Path(spec.working_dir).expanduser()
+        if not path.is_dir():
+            raise BadInput(f"working_dir: {spec.working_dir} is not a directory")
+        update["working_dir"] = str(path.resolve())
+    modules = []
+    for number, module in enumerate(spec.runtime_env.py_modules):
+        path = Path(module).expanduser()
+        if not is_remote(module) and not (path.is_dir() or (path.is_file() and path.suffix in (".py", ".whl"))):
+            raise BadInput(f"runtime_env.py_modules[{number}]: {module} is not a directory, .py or .whl file here; "
+                           "local py_modules are uploaded from this machine with the job")
+        modules.append(module if is_remote(module) else str(path.resolve()))
+    if modules:
+        update["runtime_env"] = spec.runtime_env.model_copy(update={"py_modules": modules})
+    return spec.model_copy(update=update) if update else spec
 
 
 def _checkpoint_dir(spec: JobSpec) -> str | None:
@@ -117,6 +133,37 @@ def _healing(spec: JobSpec, journal: Journal, client: JobsClient, cluster: Local
     return Healing(spec.health, journal, targets, DrainRemedy(client), dashboard)
 
 
+def _recorder(spec: JobSpec, journal: Journal, client: JobsClient,
+              cluster: LocalCluster | None) -> recording.Recorder | None:
+    """The run's recording (launcher/recording.py), unless `record: off` or the user's Prometheus
+    keeps the run's series (`prometheus:`): reports then read it, and nothing is recorded twice."""
+    if spec.record == "off" or spec.prometheus:
+        return None
+    record = journal.record
+    assert record is not None
+    kept = load_cluster(spec.cluster) if spec.cluster else None
+    source: recording.SdSource
+    if cluster is not None or kept is not None:
+        local = cluster.record if cluster is not None else kept
+        access = local.exporter_access if local is not None else None
+
+        def source() -> str | None:  # read each round: a new cluster's exporters start once the job runs
+            current = cluster.record if cluster is not None else kept
+            head = next((ref.url for ref in current.exporters if ref.role == "head"), None) if current else None
+            return head + wire.SD_PATH if head else None
+    else:
+        access = load_deployment_access(client.address)
+        head: list[str] = []
+
+        def source() -> str | None:  # found on the recorder's first round, off the submit's path
+            if not head:
+                head.append(_head_exporter(client, access) + wire.SD_PATH)
+            return head[0]
+
+    return recording.start(record.directory, source, interval=spec.record_interval, access=access,
+                           notify=lambda kind, details: journal.emit(kind, **details), meta={"run_id": record.run_id})
+
+
 def _head_exporter(client: JobsClient, access: ExporterAccess | None = None) -> str:
     """The head's exporter: the one `launcher exporters deploy` placed there, else the default port on
     the dashboard's host (an exporter started by hand)."""
@@ -151,9 +198,10 @@ class RunHandle:
     """A submitted run: status(), logs(), stop(), wait(). Use it as a context manager (or call
     close()) so that a local cluster is torn down even when wait() is never reached."""
 
-    def __init__(self, run: Run, cluster: LocalCluster | None) -> None:
+    def __init__(self, run: Run, cluster: LocalCluster | None, recorder: recording.Recorder | None = None) -> None:
         self._run = run
         self._cluster = cluster
+        self._recorder = recorder
 
     @property
     def run_id(self) -> str:
@@ -194,9 +242,19 @@ class RunHandle:
         finally:
             self.close()
 
+    def detach(self) -> RunRecord:
+        """Leave the run to its cluster (`--no-wait`): nothing here follows it any more, and the handle
+        closes (a kept local cluster stays up). `status`, `logs` and `stop` find the run later."""
+        current = self._run.current
+        self._run.journal.emit("run.detached", attempt=current, submission_id=submission_id(self.run_id, current))
+        self.close()
+        return self._run.record
+
     def close(self) -> None:
         """Tear down the local cluster this run started, unless it is kept, and end the run's trace."""
         journal, record = self._run.journal, self._run.record
+        if self._recorder is not None:  # before the teardown: exporters going away are no news
+            self._recorder.stop()
         journal.close(record.state)  # closed before the attempt ended: it is left as it is
         self._close_cluster()
         journal.run_trace.finish(record.state, record.reason, {"raypulse.exit_code": record.exit_code,
@@ -219,17 +277,24 @@ class RunHandle:
 
 
 def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = None,
-           cancel: threading.Event | None = None, follow_logs: bool = False) -> RunHandle:
+           cancel: threading.Event | None = None, follow_logs: bool = False, detach: bool = False) -> RunHandle:
     """Start the run: bring up what its backend needs and submit (or find) the current attempt.
-    Raises BadInput before anything starts when the spec or target cannot be used."""
-    spec = as_spec(spec).with_run_id()
+    Raises BadInput before anything starts when the spec or target cannot be used. With `detach`
+    (`--no-wait`) the run is left to its cluster once submitted: the handle is closed, and its
+    record says nothing supervises the run (launcher/detach.py)."""
     reporter = reporter or Reporter()
+    spec, taken = target.resolve(spec)
+    if taken is not None:
+        reporter.info(taken.note)
+    spec = spec.with_run_id()
+    if detach:
+        spec = detaching.spec_for_no_wait(spec)
     cancel = cancel or threading.Event()
     backend = spec.resolved_backend
     if backend == "kuberay":
         raise BadInput("backend: kuberay runs are applied with launcher.kuberay.apply(spec) (`launcher submit "
                        "--backend kuberay`); they are followed with kubectl")
-    spec = _check_working_dir(spec)
+    spec = _check_local_paths(spec)
     checkpoint_dir = _checkpoint_dir(spec)
     record = load_run(spec.run_id)
     left_running = load_cluster(spec.run_id) if backend == "local" else None
@@ -240,7 +305,8 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
         record = RunRecord(run_id=spec.run_id, name=spec.name, backend=backend, max_attempts=spec.max_attempts,
                            spec=spec.model_dump(mode="json"))
         clear_stop(spec.run_id)  # a stop asked of an earlier run with this id is not for this one
-    record.pid = os.getpid()
+    # This process supervises the run now (a run submitted with --no-wait is followed from here on).
+    record.pid, record.detached, record.max_attempts = os.getpid(), False, spec.max_attempts
     record.checkpoint_dir = checkpoint_dir
     run_trace = RunTrace(traces_url(spec.otlp_endpoint, os.environ), {
         "raypulse.run_id": spec.run_id, "raypulse.job_name": spec.name, "raypulse.backend": backend,
@@ -249,17 +315,20 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
     journal = Journal(reporter, record, run_trace)
     try:
         with run_trace.current():
-            return _start(spec, journal, left_running, cancel, follow_logs)
+            handle = _start(spec, journal, left_running, cancel, follow_logs, detach)
     except BaseException as exc:
         state = record.state if record.exit_code is not None else (
             "STOPPED" if isinstance(exc, Cancelled) else "BAD_INPUT" if isinstance(exc, BadInput) else "INFRA_ERROR")
         journal.close(state)
         run_trace.finish(state, str(exc) or type(exc).__name__)
         raise
+    if detach:
+        handle.detach()
+    return handle
 
 
 def _start(spec: JobSpec, journal: Journal, left_running: ClusterRecord | None, cancel: threading.Event,
-           follow_logs: bool) -> RunHandle:
+           follow_logs: bool, detach: bool) -> RunHandle:
     """submit() past its checks: the cluster, then the first attempt (inside the run's trace)."""
     record = journal.record
     assert record is not None
@@ -279,7 +348,8 @@ def _start(spec: JobSpec, journal: Journal, left_running: ClusterRecord | None, 
     else:
         # Ray's Jobs client takes a second to import: do it while the nodes start.
         threading.Thread(target=importlib.import_module, args=("ray.job_submission",), daemon=True).start()
-        cluster = LocalCluster(spec, spec.run_id, journal, cancel, kept=spec.keep_cluster, defer_exporters=True)
+        # A detached run's exporters start with the cluster: nothing is left to start them later.
+        cluster = LocalCluster(spec, spec.run_id, journal, cancel, kept=spec.keep_cluster, defer_exporters=not detach)
         journal.emit("run.placed", cluster=spec.run_id, kept=spec.keep_cluster)
         try:
             cluster_record = cluster.start()
@@ -296,17 +366,20 @@ def _start(spec: JobSpec, journal: Journal, left_running: ClusterRecord | None, 
             raise
     # A new local cluster's exporters start once the job runs: on a small machine their start-up
     # would otherwise compete with the job's (the run also starts them if it stays pending).
+    recorder = None if detach else _recorder(spec, journal, client, cluster)  # nothing follows a detached run
     run = Run(spec, client, journal, cancel, follow_logs=follow_logs,
               on_running=cluster.start_exporters if cluster is not None else None,
               healing=_healing(spec, journal, client, cluster))
     try:
         run.start()
     except BaseException:
+        if recorder is not None:
+            recorder.stop()
         journal.close("FAILED")
         if cluster is not None:
             cluster.teardown()
         raise
-    return RunHandle(run, cluster)
+    return RunHandle(run, cluster, recorder)
 
 
 # --- clusters without a job ----------------------------------------------------------------------
@@ -356,19 +429,28 @@ def _stop_jobs(name: str, timeout: float = JOB_STOP_TIMEOUT_S) -> list[str]:
             time.sleep(0.5)
     except (BadInput, InfraError, RuntimeError, OSError):
         return []
+    for run_id in {(job.metadata or {}).get(wire.META_RUN_ID) for job in unfinished} - {None}:
+        record = load_run(run_id)
+        if record is not None and record.detached:
+            # No launcher follows it: its record ends here, while the cluster still answers.
+            with contextlib.suppress(BadInput, InfraError, RuntimeError, OSError):
+                status(run_id)
     return stopping
 
 
 # --- runs after the fact -------------------------------------------------------------------------
 
 
-def _record_client(record: RunRecord) -> JobsClient | None:
-    """A client for the cluster the run used, if that cluster still answers."""
+def _record_client(record: RunRecord, token_path: Path | None = None) -> JobsClient | None:
+    """A client for the cluster the run used, if that cluster still answers. An existing cluster's
+    token: --token-path, else the file the run was submitted with, else where Ray looks."""
     try:
         if record.cluster and load_cluster(record.cluster) is not None:
             return cluster_client(record.cluster)[1]
         if record.address and record.backend == "existing":
-            return JobsClient(record.address, read_token(None))
+            submitted_with = record.spec.get("token_path")
+            return JobsClient(record.address, read_token(token_path or (Path(submitted_with) if submitted_with
+                                                                       else None)))
     except BadInput:
         return None
     return None
@@ -408,12 +490,14 @@ def status(run_id: str, *, address: str | None = None, cluster: str | None = Non
     if record is None:
         raise BadInput(f"run_id: no run {run_id!r} is recorded here; give --address or --cluster to ask a cluster")
     if record.exit_code is None:
-        client = _record_client(record)
+        client = _record_client(record, token_path)
         if client is not None:
             for attempt in record.attempts:
                 details = client.details(attempt.submission_id)
                 if details is not None:
                     update_attempt(record, attempt.attempt, details)
+            if record.detached:
+                detaching.catch_up(record, client)  # nobody else keeps its record up to date
     return record
 
 
@@ -426,7 +510,7 @@ def logs(run_id: str, *, attempt: int | None = None, follow: bool = False, write
     chosen = record.attempt(attempt) if attempt else record.attempts[-1]
     if chosen is None:
         raise BadInput(f"attempt: run {run_id!r} has attempts 1..{len(record.attempts)}")
-    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record)
+    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record, token_path)
     if client is not None and client.details(chosen.submission_id) is not None:
         if follow:
             client.follow_logs(chosen.submission_id, write).join()
@@ -446,7 +530,7 @@ def stop(run_id: str, *, address: str | None = None, cluster: str | None = None,
     record = load_run(run_id)
     if record is None and not (address or cluster):
         raise BadInput(f"run_id: no run {run_id!r} is recorded here; give --address or --cluster")
-    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record)
+    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record, token_path)
     stopped = []
     if client is not None:
         current = status(run_id, address=address, cluster=cluster, token_path=token_path) if (address or cluster) \
@@ -469,7 +553,7 @@ def diagnose(run_id: str, *, live: bool | None = None, address: str | None = Non
     """The stacks of the run's processes: taken now while its attempt runs on a reachable cluster
     (`live`; the default then), else those saved when a hang was found. Newest first."""
     record = status(run_id, address=address, cluster=cluster, token_path=token_path)
-    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record)
+    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record, token_path)
     current = record.attempts[-1] if record.attempts else None
     running = client is not None and current is not None and current.status == "RUNNING"
     if live or (live is None and running):

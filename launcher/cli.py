@@ -21,7 +21,7 @@ import click
 import psutil
 
 from exporter import __version__
-from launcher import api, kuberay, redact
+from launcher import api, detach, kuberay, redact, runtime_env, target
 from launcher.display import PlainReporter, Reporter, reporter_for_terminal
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
@@ -38,6 +38,8 @@ SPEC_OPTIONS: dict[str, str] = {
     "name": "name",
     "command": "entrypoint",
     "working_dir": "working_dir",
+    "runtime_env": "runtime_env",
+    "runtime_env_json": "runtime_env",
     "pip": "runtime_env.pip",
     "env": "runtime_env.env_vars",
     "head_cpus": "head.cpus",
@@ -63,6 +65,9 @@ SPEC_OPTIONS: dict[str, str] = {
     "address": "address",
     "cluster": "cluster",
     "keep_cluster": "keep_cluster",
+    "record": "record",
+    "record_interval": "record_interval",
+    "prometheus": "prometheus",
     "simulate_gpus": "simulate_gpus",
     "exporter_port": "exporter_port",
     "progress_port": "progress_port",
@@ -123,17 +128,43 @@ def parse_worker_group(text: str) -> dict[str, Any]:
 
 def spec_from_options(file: Path | None, options: dict[str, Any]) -> JobSpec:
     """The spec file (if any) with the given flags laid over it, validated."""
+    return build_spec(*spec_data(file, options))
+
+
+def _runtime_env_flags(data: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """--runtime-env FILE or --runtime-env-json (Ray's format) over the spec's runtime env, then
+    --pip (added to its requirements) and --env (merged by name) over that."""
+    if "runtime_env" in given and "runtime_env_json" in given:
+        raise SpecError("runtime_env: give --runtime-env FILE or --runtime-env-json JSON, not both "
+                        "(as `ray job submit`)")
+    if "runtime_env" in given:
+        data = runtime_env.layer(data, runtime_env.from_file(given.pop("runtime_env")))
+    elif "runtime_env_json" in given:
+        data = runtime_env.layer(data, runtime_env.from_json(given.pop("runtime_env_json")))
+    if "pip" in given or "env" in given or "working_dir" in given:
+        runtime = data["runtime_env"] = runtime_env.mapping(data.get("runtime_env"))
+        if "working_dir" in given:
+            runtime.pop("working_dir", None)  # --working-dir wins over a runtime env's
+        if "pip" in given:
+            try:
+                runtime["pip"] = runtime_env.add_packages(runtime.get("pip"), list(given.pop("pip")))
+            except ValueError as exc:
+                raise SpecError(f"runtime_env.pip: {exc}") from None
+        if "env" in given:
+            runtime["env_vars"] = {**runtime_env.mapping(runtime.get("env_vars")), **_pairs("--env", given.pop("env"))}
+    return data
+
+
+def spec_data(file: Path | None, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The spec file's fields (if any) with the given flags laid over them, and where they come from
+    (for errors); validated by build_spec."""
     data: dict[str, Any] = load_spec_file(file) if file else {}
     source = str(file) if file else "job spec"
     given = {key: value for key, value in options.items() if value not in (None, (), False)}
     command = given.pop("command", None)
     if command:
         data["entrypoint"] = command[0] if len(command) == 1 else shlex.join(command)
-    runtime = data.setdefault("runtime_env", {}) if ("pip" in given or "env" in given) else None
-    if "pip" in given:
-        runtime["pip"] = [*runtime.get("pip", []), *given.pop("pip")]
-    if "env" in given:
-        runtime["env_vars"] = {**runtime.get("env_vars", {}), **_pairs("--env", given.pop("env"))}
+    data = _runtime_env_flags(data, given)
     head = {key.removeprefix("head_"): given.pop(key) for key in ("head_cpus", "head_memory") if key in given}
     if "head_resource" in given:
         head["resources"] = _pairs("--head-resource", given.pop("head_resource"), float)
@@ -161,7 +192,7 @@ def spec_from_options(file: Path | None, options: dict[str, Any]) -> JobSpec:
         for section in sections:
             target = target.setdefault(section, {})
         target[field] = False if key in NEGATIONS else str(value) if isinstance(value, Path) else value
-    return build_spec(data, source)
+    return data, source
 
 
 def spec_options(func: Callable) -> Callable:
@@ -172,6 +203,11 @@ def spec_options(func: Callable) -> Callable:
         click.option("--name", help="Job name (lowercase DNS label) [job]."),
         click.option("--working-dir", metavar="DIR|URI",
                      help="Directory uploaded with the job, or a remote zip (https://, s3://, ...)."),
+        click.option("--runtime-env", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+                     help="Ray runtime env (YAML/JSON, as `ray job submit --runtime-env`: pip, uv, py_modules, "
+                     "excludes, env_vars, working_dir). Each field it gives replaces the spec file's (env_vars merge "
+                     "by name); --working-dir, --pip and --env win over it."),
+        click.option("--runtime-env-json", metavar="JSON", help="The same, inline: '{\"pip\": [\"numpy\"]}'."),
         click.option("--pip", multiple=True, metavar="REQ", help="pip requirement for the job (repeatable)."),
         click.option("--env", multiple=True, metavar="KEY=VALUE", help="Environment variable of the job (repeatable)."),
         click.option("--head-cpus", type=float, help="Head container CPUs on Kubernetes [1]; Ray sees 0 on the head."),
@@ -195,10 +231,17 @@ def spec_options(func: Callable) -> Callable:
         click.option("--image", help="Container image on Kubernetes [rayproject/ray:<this Ray>]."),
         click.option("--run-id", help="Idempotency key: re-running with it follows the run instead of repeating it."),
         click.option("--backend", type=click.Choice(["local", "existing", "kuberay"]),
-                     help="Where to run [local; existing when --address/--cluster is given]."),
-        click.option("--address", metavar="URL", help="Dashboard URL of an existing Ray cluster (Jobs API)."),
+                     help="Where to run [local; existing when --address/--cluster is given, or on submit "
+                     "RAY_API_SERVER_ADDRESS/RAY_ADDRESS]."),
+        click.option("--address", metavar="URL", help="Dashboard URL of an existing Ray cluster (Jobs API) "
+                     "[submit: RAY_API_SERVER_ADDRESS, then RAY_ADDRESS, as `ray job submit`]."),
         click.option("--cluster", metavar="NAME", help="A kept local cluster (launcher up)."),
         click.option("--keep-cluster", is_flag=True, help="Leave the local cluster running after the job."),
+        click.option("--record", type=click.Choice(["on", "off"]), help="Keep the run's metrics in its directory "
+                     "for `launcher report` and `launcher export` [on]."),
+        click.option("--record-interval", type=float, metavar="SECONDS", help="Seconds between recorded scrapes [15]."),
+        click.option("--prometheus", metavar="URL", help="Your Prometheus scrapes this run: reports read it and "
+                     "nothing is recorded."),
         click.option("--simulate-gpus", is_flag=True, help="Local workers' exporters simulate their --worker-gpus."),
         click.option("--exporter-port", type=int, help="Head exporter port; local node i uses +2i [9477]."),
         click.option("--progress-port", type=int, help="Head progress endpoint port; local node i uses +2i [9478]."),
@@ -282,14 +325,24 @@ def _summary(record: RunRecord) -> str:
 
 @main.command()
 @spec_options
-def submit(file: Path | None, **options: Any) -> None:
+@click.option("--no-wait", is_flag=True, help="Submit, print the run id on stdout and return (exit 0), as `ray job "
+              "submit --no-wait`; where the cluster outlives the command (--address, --cluster, --keep-cluster, "
+              "KubeRay). Nothing then retries, watches health or enforces deadlines: a later `launcher submit "
+              "--run-id RUN_ID ...` without --no-wait supervises the run from where it is.")
+def submit(file: Path | None, no_wait: bool, **options: Any) -> None:
     """Run a job: launcher submit [OPTIONS] -- COMMAND, or launcher submit -f job.yaml.
 
-    Starts a local cluster (default), or uses --address/--cluster, or applies a KubeRay RayJob
+    Starts a local cluster (default), or uses --address/--cluster (or, as `ray job submit`,
+    RAY_API_SERVER_ADDRESS / RAY_ADDRESS when they hold a dashboard URL), or applies a KubeRay RayJob
     (--backend kuberay); streams the job's output to stdout and exits with its final state.
+    With --no-wait it returns once the job is submitted (see `launcher logs -f`, `status`, `stop`).
     """
     try:
-        spec = spec_from_options(file, options).with_run_id()
+        data, source = spec_data(file, options)
+        data, taken = target.from_environment(data)
+        spec = build_spec(data, taken.source(source) if taken else source).with_run_id()
+        if no_wait:
+            spec = detach.spec_for_no_wait(spec)
     except BadInput as exc:
         fail("submit", exc, ExitCode.BAD_INPUT)
     if spec.resolved_backend == "kuberay":
@@ -299,14 +352,18 @@ def submit(file: Path | None, **options: Any) -> None:
             fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)
         click.echo(f"launcher: applied RayJob {spec.run_id} in namespace {spec.namespace}; "
                    f"follow it with `kubectl get rayjob {spec.run_id} -n {spec.namespace} -w`", err=True)
+        if no_wait:
+            click.echo(spec.run_id)
         return
     cancel = threading.Event()
     _signals_to(cancel)
     reporter = reporter_for_terminal()
+    if taken is not None:
+        reporter.info(taken.note)
     reporter.info(f"run {spec.run_id} ({spec.resolved_backend}"
                   + (f", {spec.worker_count} worker(s)" if spec.resolved_backend == "local" else "") + ")")
     try:
-        handle = api.submit(spec, reporter=reporter, cancel=cancel, follow_logs=True)
+        handle = api.submit(spec, reporter=reporter, cancel=cancel, follow_logs=not no_wait, detach=no_wait)
     except BadInput as exc:
         reporter.close()
         fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)
@@ -317,6 +374,10 @@ def submit(file: Path | None, **options: Any) -> None:
     except InfraError as exc:
         reporter.close()
         fail("submit", exc, ExitCode.INFRA_ERROR, run_id=spec.run_id)
+    if no_wait:
+        reporter.close()
+        click.echo(spec.run_id)  # alone on stdout: RUN=$(launcher submit --no-wait ...)
+        return
     record = handle.wait()
     reporter.info(_summary(record))
     reporter.close()
@@ -345,7 +406,10 @@ def _status_text(record: RunRecord) -> str:
     ]
     if record.reason:
         lines.append(f"reason    {record.reason}")
-    if record.exit_code is None and record.pid and not psutil.pid_exists(record.pid):
+    if record.exit_code is None and record.detached:
+        lines.append(f"note      submitted with --no-wait: nothing retries it, watches its health or enforces its "
+                     f"deadlines; `launcher submit --run-id {record.run_id} ...` without --no-wait supervises it")
+    elif record.exit_code is None and record.pid and not psutil.pid_exists(record.pid):
         lines.append(f"note      the launcher that ran it (pid {record.pid}) is gone; `launcher submit --run-id "
                      f"{record.run_id} ...` again follows the run where it is")
     where = record.address or "-"
@@ -377,6 +441,33 @@ def _read(action: str, call: Callable[[], Any]) -> Any:
     except InfraError as exc:
         click.echo(f"launcher: {action}: {exc}", err=True)
         sys.exit(int(ExitCode.INFRA_ERROR))
+
+
+@main.command(name="report")
+@click.argument("run_id")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+              help="The HTML file [<the run's directory>/report.html].")
+@click.option("--prometheus", metavar="URL", help="A Prometheus with raypulse's rules: the alerts that fired (and "
+              "the series of a run not recorded) [the run's own --prometheus].")
+def report_command(run_id: str, output: Path | None, prometheus: str | None) -> None:
+    """Write a run's report: one HTML file that opens from disk with no network (docs/reports.md)."""
+    from launcher import report
+
+    click.echo(str(_read("report", lambda: report.render(run_id, output, prometheus=prometheus))))
+
+
+@main.command(name="export")
+@click.argument("run_id")
+@click.option("--format", "fmt", type=click.Choice(["openmetrics"]), default="openmetrics", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="The file [<run id>.om].")
+def export_command(run_id: str, fmt: str, output: Path | None) -> None:
+    """Write a run's recording for your Prometheus: `promtool tsdb create-blocks-from openmetrics FILE DIR`."""
+    from launcher import export
+
+    path = output or Path(f"{run_id}.om")
+    samples = _read("export", lambda: export.export_run(run_id, path))
+    click.echo(f"launcher: {samples} samples of run {run_id} in {path}; backfill with `promtool tsdb "
+               f"create-blocks-from openmetrics {path} DATA_DIR`", err=True)
 
 
 @main.command()

@@ -2,7 +2,8 @@
 checking that the cluster is reachable, new enough and accepts the token.
 
 Ray's client reads RAY_ADDRESS / RAY_API_SERVER_ADDRESS and lets them override the address it is
-given; the launcher has already resolved its target, so the client is built without them.
+given; the launcher has already resolved its target (launcher/target.py reads them for `submit`),
+so the client is built without them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from launcher.errors import BadInput, InfraError
 from launcher.raydash import RayDashboard
 
 MIN_RAY_VERSION = Version("2.6")
+ADDRESS_VARIABLES = (wire.ENV_RAY_API_SERVER_ADDRESS, wire.ENV_RAY_ADDRESS)  # Ray's precedence
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
@@ -45,7 +47,7 @@ def read_token(token_path: Path | None) -> str | None:
 
 @contextlib.contextmanager
 def _without_address_env() -> Iterator[None]:
-    saved = {key: os.environ.pop(key) for key in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS") if key in os.environ}
+    saved = {key: os.environ.pop(key) for key in ADDRESS_VARIABLES if key in os.environ}
     try:
         yield
     finally:

@@ -13,6 +13,7 @@ health decision, say) is one line in KINDS.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -116,7 +117,16 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("node.remedy_failed", level="warn", audit="node.remedy", result=lambda d: f"error: {d['error']}",
          say=lambda d: f"could not take {d['node']} out of the next attempt: {d['error']}"),
     # the run
+    # the run's recording (launcher/recording.py)
+    Kind("recording.started"),
+    Kind("recording.stopped"),
+    Kind("recording.capped", level="warn", say=lambda d: f"recording stopped early: {d['reason']}; what it "
+         f"recorded until then is kept in {d['path']}"),
     Kind("run.placed"),
+    Kind("run.detached", say=lambda d: f"run {d['run_id']} submitted; not followed from here (--no-wait): no "
+                                       "retries, health watching or deadlines. `launcher logs -f "
+                                       f"{d['run_id']}` follows it, `launcher status {d['run_id']}` shows it, "
+                                       f"`launcher stop {d['run_id']}` stops it"),
     Kind("run.stop_requested", audit="run.stop"),
     Kind("run.deadline"),
     Kind("run.finished", audit="run.finish", result=lambda d: d["state"]),
@@ -151,6 +161,8 @@ def _apply(record: RunRecord, kind: str, at: float, d: Details) -> None:
         if attempt is not None and attempt.running_at is None:
             attempt.running_at = at
         record.state = "RUNNING"
+    elif kind == "run.detached":
+        record.detached, record.pid = True, None
     elif kind == "retry.scheduled":
         record.state = "RETRYING"
     elif kind == "run.deadline":
@@ -251,6 +263,9 @@ class Journal:
         self.run_trace = run_trace or RunTrace.off()
         self.run_id = record.run_id if record is not None else run_id
         self._trace = _TraceSink(self.run_trace)
+        # One event at a time: the recorder's thread emits too (recording.capped), and an event
+        # changes the record it saves.
+        self._lock = threading.RLock()
 
     @property
     def tracer(self) -> trace.Tracer:
@@ -262,6 +277,10 @@ class Journal:
 
     def emit(self, kind: str, /, *, show: bool = True, **details: Any) -> EventRecord:
         """Record one event; `show=False` keeps it off the display (a quiet teardown)."""
+        with self._lock:
+            return self._emit(kind, show, details)
+
+    def _emit(self, kind: str, show: bool, details: dict[str, Any]) -> EventRecord:
         spec = KINDS[kind]
         at = time.time()
         trace_id = details.pop("trace_id", None) or self.run_trace.trace_id

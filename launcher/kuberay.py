@@ -2,12 +2,20 @@
 deadlines, shutdownAfterJobFinishes, runtime env, token auth), the Secret holding its token, the
 exporter as a sidecar in every Ray pod, and a PodMonitor that scrapes those sidecars.
 
-The sidecar runs unprivileged (SIDECAR_SECURITY: non-root, no privilege escalation, no capabilities,
-read-only root filesystem with an emptyDir /tmp); reading GPUs through NVML needs the device, which
-the runtime grants by resources, not privileges. With `exporter_web_config_secret` it serves TLS (and
-basic auth, if the web config has users) from a Secret the user made: the Secret is mounted read-only
-at WEB_CONFIG_MOUNT and must hold web-config.yml and the files it names (paths relative to it), the
-probes speak HTTPS and the PodMonitor scrapes HTTPS, trusting the Secret's ca.crt (docs/deploy.md).
+The sidecar runs the raypulse exporter image (exporter/manifests.py's DEFAULT_IMAGE, the Dockerfile's;
+`exporter_image` overrides it) unprivileged (SIDECAR_SECURITY: non-root, no privilege escalation, no
+capabilities, read-only root filesystem with an emptyDir /tmp). What it needs to see, and how it gets it
+(docs/kubernetes.md, "KubeRay sidecar"): the Ray container's processes through shareProcessNamespace on
+every Ray pod (same uid as Ray, so /proc/<pid> of Ray's processes is readable), and, in pods whose Ray
+container requests GPUs, the node's GPUs read-only through the NVIDIA container runtime (GPU_VISIBILITY)
+without requesting any. Its /readyz body says what it still cannot see. The PodMonitor relabels to the
+label contract of the rules and dashboards (exporter/manifests.py's relabelings), with the cluster taken
+from KubeRay's `ray.io/cluster` pod label, which the sidecar also passes as its --cluster.
+
+With `exporter_web_config_secret` it serves TLS (and basic auth, if the web config has users) from a
+Secret the user made: the Secret is mounted read-only at WEB_CONFIG_MOUNT and must hold web-config.yml
+and the files it names (paths relative to it), the probes speak HTTPS and the PodMonitor scrapes HTTPS,
+trusting the Secret's ca.crt (docs/deploy.md).
 
 The RayJob validates against the v1 schema of KubeRay's CRD (tests/data/kuberay/) and follows
 the rules KubeRay's own validation adds (DNS-1035 name of at most 47 characters, node labels in the
@@ -28,9 +36,11 @@ from typing import Any
 import yaml
 
 from exporter import wire
+from exporter.manifests import DEFAULT_IMAGE, Options, relabelings
 from launcher.errors import BadInput
 from launcher.journal import Journal
 from launcher.run import job_metadata, runtime_env
+from launcher.runtime_env import is_remote
 from launcher.spec import JobSpec, format_memory
 
 RAY_PORTS = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080)]
@@ -44,6 +54,17 @@ WEB_CONFIG_KEY = "web-config.yml"  # the Secret's key holding the web config
 CA_KEY = "ca.crt"  # the Secret's key the PodMonitor verifies the exporters' certificates with
 TLS_SERVER_NAME = "raypulse-exporter"  # the name the exporters' certificate must carry (a DNS SAN)
 TMP_VOLUME = "raypulse-tmp"
+RAY_CLUSTER_LABEL = "ray.io/cluster"  # KubeRay puts the RayCluster's name on every pod of it
+CLUSTER_ENV = "RAYPULSE_RAY_CLUSTER"  # the sidecar's --cluster, from that label (downward API)
+# GPU visibility without a GPU request (a request would take GPUs from the Ray container). With the
+# device plugin the pod spec cannot name the GPUs the Ray container will get, so the sidecar asks the
+# NVIDIA container runtime (or its CDI hook) for every GPU of the node with the `utility` capability
+# only: libnvidia-ml and the device nodes, enough for a read-only NVML view, no compute. The device
+# series are then the node's GPUs (the Ray container's among them), as nvidia-smi on the node shows.
+# Runtimes that ignore the variable for unprivileged containers (the GPU operator's
+# accept-nvidia-visible-devices-envvar-when-unprivileged=false) leave NVML unavailable: /readyz says so.
+GPU_VISIBILITY = (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "utility"))
+NO_GPU_COLLECTORS = ("gpu", "gpu_events")  # off in pods without GPUs: nothing to read, no node GPUs twice
 # The rayproject/ray images run as `ray`, uid 1000 (gid 100): the exporter needs nothing more.
 SIDECAR_USER, SIDECAR_GROUP = 1000, 100
 SIDECAR_SECURITY: dict[str, Any] = {
@@ -79,28 +100,45 @@ def _container_resources(cpus: float, memory: int | None, gpus: int = 0) -> dict
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def _exporter_sidecar(spec: JobSpec, role: str, dashboard: str, secret: str) -> dict[str, Any]:
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _exporter_sidecar(spec: JobSpec, role: str, dashboard: str, secret: str, gpus: int) -> dict[str, Any]:
     args = ["serve", "--listen", f"0.0.0.0:{spec.exporter_port}", "--ray-dashboard", dashboard,
-            "--cluster", spec.run_id, "--ray-role", role, "--progress-listen", f"127.0.0.1:{spec.progress_port}"]
+            "--cluster", f"$({CLUSTER_ENV})", "--ray-role", role,
+            "--progress-listen", f"127.0.0.1:{spec.progress_port}"]
+    if not gpus:
+        args += [arg for name in NO_GPU_COLLECTORS for arg in ("--disable-collector", name)]
     mounts = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
     scheme = "HTTP"
     if spec.exporter_web_config_secret:
         args += ["--web-config", f"{WEB_CONFIG_MOUNT}/{WEB_CONFIG_KEY}"]
         mounts.append({"name": WEB_CONFIG_VOLUME, "mountPath": WEB_CONFIG_MOUNT, "readOnly": True})
         scheme = "HTTPS"  # the kubelet does not check the certificate; it sends no credentials (auth_excluded_paths)
+    env = [
+        {"name": "RAY_AUTH_MODE", "value": "token"},
+        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": TOKEN_SECRET_KEY}}},
+        _field_env(CLUSTER_ENV, f"metadata.labels['{RAY_CLUSTER_LABEL}']"),
+        # The Kubernetes node's name, as the PodMonitor's `node` label has it (raypulse_node_info, pod series).
+        _field_env(f"{wire.ENV_EXPORTER_PREFIX}NODE__NAME", "spec.nodeName"),
+        _field_env("NODE_NAME", "spec.nodeName"),
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        _field_env("POD_UID", "metadata.uid"),
+    ]
+    if gpus:
+        env += [{"name": name, "value": value} for name, value in GPU_VISIBILITY]
     return {
         "name": "raypulse-exporter",
-        "image": spec.exporter_image or spec.image,
-        "command": ["python", "-m", "exporter"],
+        "image": spec.exporter_image or DEFAULT_IMAGE,
+        "command": ["exporter"],  # the image's entrypoint, spelled out for images that have another
         "args": args,
         "ports": [{"name": EXPORTER_PORT_NAME, "containerPort": spec.exporter_port, "protocol": "TCP"}],
-        "env": [
-            {"name": "RAY_AUTH_MODE", "value": "token"},
-            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": TOKEN_SECRET_KEY}}},
-        ],
+        "env": env,
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": EXPORTER_PORT_NAME, "scheme": scheme},
                            "periodSeconds": 10},
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": EXPORTER_PORT_NAME, "scheme": scheme},
+        "livenessProbe": {"httpGet": {"path": wire.HEALTH_PATH, "port": EXPORTER_PORT_NAME, "scheme": scheme},
                           "periodSeconds": 20, "failureThreshold": 6},
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
         "securityContext": copy.deepcopy(SIDECAR_SECURITY),  # one object per pod: YAML without aliases
@@ -138,12 +176,28 @@ def _start_params(cpus: float, gpus: int, resources: dict[str, float], memory: i
     return params
 
 
-def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
-    """The manifests, in apply order: Secret, RayJob, PodMonitor."""
+def pod_monitor_relabelings() -> list[dict[str, Any]]:
+    """The DaemonSet's relabelings (`node` from the pod's node, the alert rules' scrape `job`, label names
+    from the one label contract), with the cluster taken from the RayCluster's pod label instead of a
+    fixed value: every RayJob brings a RayCluster of its own."""
+    options = Options()
+    source = "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in RAY_CLUSTER_LABEL)
+    return [{"action": "replace", "sourceLabels": [source], "targetLabel": options.cluster_label}
+            if rule["targetLabel"] == options.cluster_label else rule for rule in relabelings(options)]
+
+
+def render(spec: JobSpec, token: str | None = None, release: str | None = None) -> list[dict[str, Any]]:
+    """The manifests, in apply order: Secret, RayJob, PodMonitor. `release`: the `release` label
+    kube-prometheus-stack's Prometheus selects PodMonitors by (its Helm release's name)."""
     spec = spec.with_run_id()
-    if spec.working_dir and "://" not in spec.working_dir:
+    # The submitter pod passes the runtime env to the Jobs API: it cannot upload this machine's files.
+    if spec.working_dir and not is_remote(spec.working_dir):
         raise BadInput(f"working_dir: {spec.working_dir} is a local directory; on Kubernetes give a remote URI "
                        "(https://.../code.zip, s3://..., gs://...) or bake the code into the image")
+    for number, module in enumerate(spec.runtime_env.py_modules):
+        if not is_remote(module):
+            raise BadInput(f"runtime_env.py_modules[{number}]: {module} is a local path; on Kubernetes give a remote "
+                           ".zip or .whl URI (https://, s3://, gs://...) or install the package in the image")
     name, namespace = spec.run_id, spec.namespace
     secret = f"{name}-ray-token"
     head_service = f"{name}-head"
@@ -156,8 +210,8 @@ def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
         "metadata": {"labels": {**labels, "raypulse.io/role": "head"}},
         "spec": {"containers": [
             _ray_container(spec, "ray-head", _container_resources(spec.head.cpus, spec.head.memory), RAY_PORTS),
-            _exporter_sidecar(spec, "head", head_dashboard, secret),
-        ], "volumes": _sidecar_volumes(spec)},
+            _exporter_sidecar(spec, "head", head_dashboard, secret, gpus=0),
+        ], "volumes": _sidecar_volumes(spec), "shareProcessNamespace": True},
     }
     worker_groups = []
     for group in spec.worker_groups:
@@ -166,8 +220,8 @@ def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
             "spec": {"containers": [
                 _ray_container(spec, "ray-worker", _container_resources(group.cpus, group.memory, group.gpus),
                                [("metrics", 8080)]),
-                _exporter_sidecar(spec, "worker", worker_dashboard, secret),
-            ], "volumes": _sidecar_volumes(spec)},
+                _exporter_sidecar(spec, "worker", worker_dashboard, secret, gpus=group.gpus),
+            ], "volumes": _sidecar_volumes(spec), "shareProcessNamespace": True},
         }
         worker_groups.append({
             "groupName": group.name,
@@ -225,10 +279,12 @@ def render(spec: JobSpec, token: str | None = None) -> list[dict[str, Any]]:
     if spec.exporter_web_config_secret:
         endpoint.update(scheme="https", tlsConfig={
             "ca": {"secret": {"name": spec.exporter_web_config_secret, "key": CA_KEY}}, "serverName": TLS_SERVER_NAME})
+    endpoint["relabelings"] = pod_monitor_relabelings()
     pod_monitor = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": {"name": f"{name}-raypulse", "namespace": namespace, "labels": labels},
+        "metadata": {"name": f"{name}-raypulse", "namespace": namespace,
+                     "labels": {**labels, **({"release": release} if release else {})}},
         "spec": {
             "selector": {"matchLabels": {POD_LABEL_RUN_ID: name}},
             "podMetricsEndpoints": [endpoint],

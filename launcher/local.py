@@ -239,7 +239,8 @@ class LocalCluster:
 
     def _environment(self, token_path: Path, node: NodePlan) -> dict[str, str]:
         env = {key: value for key, value in os.environ.items()
-               if key not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN", wire.ENV_PROGRESS_URL)}
+               if key not in (wire.ENV_RAY_ADDRESS, wire.ENV_RAY_API_SERVER_ADDRESS, wire.ENV_RAY_AUTH_TOKEN,
+                              wire.ENV_PROGRESS_URL)}
         env.update({
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(token_path),

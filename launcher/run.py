@@ -65,11 +65,8 @@ def runtime_env(spec: JobSpec, attempt: int | None = None, trace_parent: str | N
     """Ray's runtime_env of an attempt. Its processes also get RAYPULSE_RUN_ID and RAYPULSE_ATTEMPT,
     so training code can tell a retry, `extra` (the checkpoint dir and where to resume from), and in
     a traced run TRACEPARENT (W3C), so the job's own spans can join the attempt's."""
-    env: dict[str, Any] = {}
-    if spec.working_dir:
-        env["working_dir"] = spec.working_dir
-    if spec.runtime_env.pip:
-        env["pip"] = list(spec.runtime_env.pip)
+    env: dict[str, Any] = {"working_dir": spec.working_dir} if spec.working_dir else {}
+    env.update(spec.runtime_env.for_ray())
     env_vars = dict(spec.runtime_env.env_vars)
     if attempt is not None:
         env_vars.update({wire.ENV_RUN_ID: spec.run_id or "", wire.ENV_ATTEMPT: str(attempt)})
@@ -213,6 +210,9 @@ class Run:
                 self.client.submit(sid, self.spec.entrypoint,
                                    runtime_env(self.spec, attempt, self.journal.traceparent(), extra),
                                    job_metadata(self.spec, attempt, self.journal.run_trace.trace_id))
+            except (ValueError, TypeError) as exc:  # Ray's client checks the runtime env before it sends it
+                self.journal.emit("attempt.submit_failed", attempt=attempt, submission_id=sid, error=str(exc))
+                raise BadInput(f"runtime_env: Ray's client refused attempt {attempt}: {exc}") from None
             except RuntimeError as exc:
                 self.journal.emit("attempt.submit_failed", attempt=attempt, submission_id=sid, error=str(exc))
                 if "status code 4" in str(exc):

@@ -31,6 +31,7 @@ from exporter.webconfig import load_web_config
 from launcher.entrypoint import EntrypointError, validate_entrypoint
 from launcher.errors import BadInput
 from launcher.health.policy import HealthPolicy
+from launcher.runtime_env import NOT_TAKEN, RuntimeEnv, check_remote_package, is_remote
 
 # Kubernetes DNS-1035 label (KubeRay's rule for RayJob names): names travel into RayJob, pod and
 # service names and into Ray submission ids.
@@ -71,7 +72,8 @@ def format_memory(size: int) -> str:
     return str(size)
 
 
-Memory = Annotated[int | None, BeforeValidator(parse_memory), Field(ge=0)]
+# ge on the int alone: on `int | None` pydantic would apply it to None too (a TypeError, not an error).
+Memory = Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(parse_memory)]
 Resources = dict[str, Annotated[float, Field(ge=0)]]
 
 
@@ -93,21 +95,6 @@ def _dns_label(value: str, limit: int) -> str:
 
 class _Strict(Strict):
     model_config = ConfigDict(validate_assignment=True)
-
-
-class RuntimeEnv(_Strict):
-    """Ray runtime environment: the job's third-party libraries and environment variables."""
-
-    pip: list[str] = Field(default_factory=list, description="pip requirements installed for the job")
-    env_vars: dict[str, str] = Field(default_factory=dict, description="environment variables of the job")
-
-    @field_validator("env_vars")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ValueError(f"{name!r} is not an environment variable name")
-        return value
 
 
 class HeadSpec(_Strict):
@@ -181,6 +168,11 @@ class JobSpec(_Strict):
     address: str | None = Field(None, description="dashboard URL of an existing Ray cluster")
     cluster: str | None = Field(None, description="a kept local cluster (launcher up / --keep-cluster)")
     keep_cluster: bool = Field(False, description="leave the local cluster running after the job")
+    record: Literal["on", "off"] = Field("on", description="keep the run's metrics in its directory for "
+                                         "`launcher report` and `launcher export` (launcher/recording.py)")
+    record_interval: float = Field(15.0, gt=0, le=3600, description="seconds between recorded scrapes")
+    prometheus: str | None = Field(None, pattern=r"^https?://", description=(
+        "your Prometheus scrapes this run: reports read it, and nothing is recorded"))
     simulate_gpus: bool = Field(False, description="local workers' exporters simulate their GPUs")
     exporter_port: int = Field(wire.EXPORTER_PORT, ge=1024, le=65000,
                                description="head exporter port; local node i: +2i")
@@ -203,10 +195,29 @@ class JobSpec(_Strict):
                                        "(RAYPULSE_CHECKPOINT_DIR); local clusters: a directory under the run's "
                                        "record by default; existing clusters: a path every node reaches, or a URI")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _working_dir_in_runtime_env(cls, data: Any) -> Any:
+        """Ray's runtime env holds the working dir; a spec written that way means the spec's own field."""
+        runtime = data.get("runtime_env") if isinstance(data, dict) else None
+        if not isinstance(runtime, dict) or "working_dir" not in runtime:
+            return data
+        runtime = dict(runtime)
+        inner = runtime.pop("working_dir")
+        if data.get("working_dir") not in (None, inner):
+            raise ValueError(f"working_dir: given twice, {data['working_dir']!r} and runtime_env.working_dir "
+                             f"{inner!r}; keep one")
+        return {**data, "runtime_env": runtime, "working_dir": inner}
+
     @field_validator("name")
     @classmethod
     def _dns_name(cls, value: str) -> str:
         return _dns_label(value, MAX_NAME)
+
+    @field_validator("working_dir")
+    @classmethod
+    def _remote_working_dir(cls, value: str | None) -> str | None:
+        return check_remote_package(value, "working_dir") if value and is_remote(value) else value
 
     @field_validator("run_id", "cluster")
     @classmethod
@@ -303,6 +314,11 @@ class JobSpec(_Strict):
             raise ValueError("queue: Kueue admits a RayJob only when its cluster shuts down after the job")
         if self.address and not re.match(r"^https?://[^/\s]+/?$", self.address):
             raise ValueError(f"address: {self.address!r} is not a dashboard URL like http://head:8265")
+        uploads = self.runtime_env.local_paths() + ([self.working_dir] if self.working_dir and not
+                                                    is_remote(self.working_dir) else [])
+        if self.runtime_env.excludes and not uploads:
+            raise ValueError("runtime_env.excludes: leaves files out of a local working_dir or py_modules uploaded "
+                             "with the job, and this job uploads none; drop excludes")
         return self
 
     def _check_web_config(self) -> None:
@@ -373,8 +389,15 @@ UNKNOWN_FIELD = "unknown field (check the spelling; see README's launcher sectio
 
 
 def format_validation_error(error: ValidationError, source: str = "job spec") -> str:
-    """One line per problem, each starting with the field's path."""
-    return "\n".join(f"{source}: {problem}" for problem in strict.problems(error, UNKNOWN_FIELD))
+    """One line per problem, each starting with the field's path; a Ray runtime env field the launcher
+    does not take says what to do instead."""
+    lines = []
+    for problem in strict.problems(error, UNKNOWN_FIELD):
+        message = problem.message
+        if message == UNKNOWN_FIELD and problem.where.startswith("runtime_env."):
+            message = NOT_TAKEN.get(problem.where.removeprefix("runtime_env."), message)
+        lines.append(f"{source}: {problem.where or '(top level)'}: {message}")
+    return "\n".join(lines)
 
 
 def build_spec(data: dict[str, Any], source: str = "job spec") -> JobSpec:

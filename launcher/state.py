@@ -256,6 +256,7 @@ class RunRecord(BaseModel):
     denied_hosts: list[str] = Field(default_factory=list)  # hosts kept out for good (existing clusters)
     max_attempts: int = 1
     pid: int | None = None  # the launcher process that supervises the run
+    detached: bool = False  # submitted with --no-wait: no process supervises it (launcher/detach.py)
     state: str = "STARTING"  # STARTING, PENDING, RUNNING, RETRYING, or a final state (exitcodes.FINAL_STATES)
     reason: str | None = None
     exit_code: int | None = None

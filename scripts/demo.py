@@ -176,6 +176,7 @@ def main() -> int:
     for reader in readers:
         reader.join(5)
     console.rule(f"[bold]launcher exited {code}")
+    report = write_report(env, run_id, alerting.prometheus_url if alerting else None)
     if alerting:
         try:
             for promql, what in [
@@ -195,7 +196,8 @@ def main() -> int:
                 console.print(f"  {line}")
             from dashboards.provisioner import provision
 
-            grafana = provision(WORKDIR / "grafana", prometheus_url=alerting.prometheus_url, scrape_interval="5s")
+            grafana = provision(WORKDIR / "grafana", prometheus_url=alerting.prometheus_url, scrape_interval="5s",
+                                default_datasource=True)  # the demo's Grafana has no other
             for line in grafana.instructions().splitlines():
                 console.print(f"  {line}")
             if not args.keep:
@@ -211,9 +213,22 @@ def main() -> int:
             alerting.stop()
     if args.keep and record is not None:
         subprocess.run([str(Path(sys.executable).with_name("launcher")), "down", run_id], env=env, check=False)
+    if report is not None:
+        console.print(f"[bold]the run's report:[/] {report}  (one HTML file; opens from disk, no network)")
     left = leftovers(run_id)
     console.print("[green]nothing left running[/]" if not left else f"[red]still running: {left}")
     return code if not left else 1
+
+
+def write_report(env: dict[str, str], run_id: str, prometheus: str | None) -> str | None:
+    """`launcher report RUN_ID`, with the demo's Prometheus for the alerts that fired; its path."""
+    command = [str(Path(sys.executable).with_name("launcher")), "report", run_id,
+               *(["--prometheus", prometheus] if prometheus else [])]
+    result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        console.print(f"[yellow]no report: {result.stderr.strip()}")
+        return None
+    return result.stdout.strip()
 
 
 def leftovers(run_id: str) -> list[int]:

@@ -27,8 +27,10 @@ def free_base(nodes: int) -> tuple[int, int]:
 
 
 def env_for(home: Path, **extra: str) -> dict[str, str]:
+    # The address variables too: with one set, `launcher submit` would go to that cluster.
     env = {key: value for key, value in os.environ.items()
-           if key not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
+           if key not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+                          "RAY_AUTH_MODE")}
     # HOME too: the launcher reads ~/.ray/auth_token as Ray does, and a test must not find a stray one.
     return {**env, "RAYPULSE_HOME": str(home), "HOME": str(home), **extra}
 

@@ -83,6 +83,7 @@ def test_plain_text_is_the_default_and_gzip_is_used_when_accepted(node_exporter_
     assert status == 200
     assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert "Content-Encoding" not in headers
+    assert {v.strip() for v in headers["Vary"].split(",")} == {"Accept", "Accept-Encoding"}
     status, headers, compressed = node_exporter_module.get(headers={"Accept-Encoding": "gzip"})
     assert headers["Content-Encoding"] == "gzip"
     assert gzip.decompress(compressed).startswith(b"# HELP ")

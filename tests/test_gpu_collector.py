@@ -440,6 +440,33 @@ def test_the_process_table_attributes_gpu_use_to_pids(rig):
     assert gpus.value(snapshot, processes.PROCESSES, 1) == 0
 
 
+def test_per_process_series_are_bounded_for_the_node_largest_memory_first(rig):
+    gpus = rig(count=2, max_process_series=3)
+    gpus.change(lambda d: (
+        gpus.gpu(0)(d).processes.extend([control.Process(pid=100 + i, memory_bytes=(i + 1) << 30) for i in range(3)]),
+        gpus.gpu(1)(d).processes.extend([control.Process(pid=200 + i, memory_bytes=(i + 10) << 30) for i in range(2)])))
+    snapshot = gpus.runs(2)
+    exported = {(labels["gpu"], labels["pid"]) for labels in _label_sets(snapshot, processes.MEMORY_USED)}
+    assert exported == {("1", "200"), ("1", "201"), ("0", "102")}  # 11, 10 and 3 GiB: the 3 largest of the node
+    assert {labels["pid"] for labels in _label_sets(snapshot, processes.INFO)} == {"200", "201", "102"}
+    assert snapshot.value(processes.UNLISTED) == 2
+    # The count and the Ray attribution still see every process.
+    assert gpus.value(snapshot, processes.PROCESSES, 0) == 3
+    assert set(gpus.collector.shared.gpu_processes.get()) == {100, 101, 102, 200, 201}
+
+
+def test_per_process_series_can_be_turned_off(rig):
+    off = rig(count=1, max_process_series=0)
+    off.change(lambda d: off.gpu(0)(d).processes.append(control.Process(pid=300, memory_bytes=1 << 30)))
+    snapshot = off.run()
+    assert not _label_sets(snapshot, processes.MEMORY_USED)
+    assert snapshot.value(processes.UNLISTED) == 1
+
+
+def _label_sets(snapshot: Snapshot, spec: MetricSpec) -> list[dict[str, str]]:
+    return [dict(zip(spec.labels, values, strict=True)) for values, _ in snapshot.families.get(spec, ())]
+
+
 def test_mig_instances_are_reported_and_whole_gpu_utilization_is_omitted(rig):
     gpus = rig(count=2)
     gpus.change(lambda d: setattr(gpus.gpu(1)(d), "mig", ["4g.40gb", "2g.20gb", "1g.10gb"]))

@@ -1,5 +1,6 @@
 """`launcher --address`: submission to a Ray cluster the test starts itself with plain `ray start`
-(token auth on), through the Jobs API only; and the checks made before submitting (token, Ray
+(token auth on), through the Jobs API only; the same cluster named by RAY_ADDRESS, and a run
+submitted with --no-wait followed afterwards; and the checks made before submitting (token, Ray
 version). Run under `flock /tmp/raypulse-ray.lock`."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 
 from scripts.ports import free_port_range
 from tests.conftest import http_get, wait_until
-from tests.launcher_support import cluster_processes, launcher, status_json
+from tests.launcher_support import cluster_processes, launcher, start_launcher, status_json
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -98,6 +99,53 @@ def test_stop_through_the_jobs_api(cluster: ExistingCluster, tmp_path: Path):
                        RAY_AUTH_TOKEN=cluster.token)
     assert stopped.returncode == 0, stopped.stderr
     assert submit.wait(60) == 3, submit.stderr.read()
+
+
+def test_ray_address_names_the_existing_cluster_as_for_ray_job_submit(cluster: ExistingCluster, tmp_path: Path):
+    result = launcher("submit", "--run-id", "from-env", "--", "python -c 'print(6 * 7)'", home=tmp_path,
+                      RAY_ADDRESS=cluster.address, RAY_AUTH_TOKEN=cluster.token)
+    assert result.returncode == 0, result.stderr
+    assert f"RAY_ADDRESS is {cluster.address}: submitting to that existing Ray cluster" in result.stderr
+    assert "42" in result.stdout
+    assert not (tmp_path / "clusters").exists()  # no local cluster was started
+    record = status_json("from-env", tmp_path, RAY_AUTH_TOKEN=cluster.token)
+    assert (record["backend"], record["address"], record["state"]) == ("existing", cluster.address, "SUCCEEDED")
+    # RAY_API_SERVER_ADDRESS comes first (RAY_ADDRESS, here what ray.init would take, is not read then).
+    result = launcher("submit", "--run-id", "from-api-env", "--", "true", home=tmp_path, RAY_ADDRESS="127.0.0.1:6379",
+                      RAY_API_SERVER_ADDRESS=cluster.address, RAY_AUTH_TOKEN=cluster.token)
+    assert result.returncode == 0, result.stderr
+    assert f"RAY_API_SERVER_ADDRESS is {cluster.address}" in result.stderr
+
+
+def test_no_wait_returns_while_the_job_runs_and_the_run_stays_followable(cluster: ExistingCluster, tmp_path: Path):
+    job = "python -c 'import time; print(\"started\", flush=True); time.sleep(300)'"
+    result = launcher("submit", "--no-wait", "--address", cluster.address, "--token-path", str(cluster.token_path),
+                      "--run-id", "detached-1", "--", job, home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "detached-1\n"  # the run id alone: RUN=$(launcher submit --no-wait ...)
+    assert "not followed from here (--no-wait)" in result.stderr
+    # The command has returned; the job has not ended. Later commands need no token flag: the record
+    # names the token file the run was submitted with.
+    record = status_json("detached-1", tmp_path)
+    assert record["state"] in ("PENDING", "RUNNING")
+    assert record["exit_code"] is None
+    assert (record["detached"], record["max_attempts"], record["pid"]) == (True, 1, None)
+    assert "submitted with --no-wait" in launcher("status", "detached-1", home=tmp_path).stdout
+    wait_until(lambda: "started" in launcher("logs", "detached-1", home=tmp_path).stdout, 90, "the job's output")
+    follower = start_launcher("logs", "--follow", "detached-1", home=tmp_path)
+    try:
+        stopped = launcher("stop", "detached-1", home=tmp_path)
+        assert stopped.returncode == 0, stopped.stderr
+        assert "stopped detached-1-a1" in stopped.stderr
+        out, err = follower.communicate(timeout=90)  # the stream ends with the job
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, err
+    assert "started" in out
+    wait_until(lambda: status_json("detached-1", tmp_path)["state"] == "STOPPED", 60, "the run to end STOPPED")
+    record = status_json("detached-1", tmp_path)
+    assert (record["exit_code"], [a["status"] for a in record["attempts"]]) == (3, ["STOPPED"])
+    assert "started" in (tmp_path / "runs" / "detached-1" / "attempt-1.log").read_text()  # kept with the run
 
 
 def test_without_the_token_nothing_is_submitted(cluster: ExistingCluster, tmp_path: Path):

@@ -19,22 +19,9 @@ import yaml
 from launcher.kuberay import render
 from launcher.spec import build_spec
 from tests.conftest import REPO
+from tests.schemas import strict
 
 SCHEMA_FILE = Path(__file__).parent / "data" / "kuberay" / "rayjob-v1-openapi.json"
-
-
-def strict(schema: Any) -> Any:
-    """The schema with unknown fields forbidden wherever it lists the known ones (the API server
-    would prune them silently; `kubectl apply --validate=strict` refuses them)."""
-    if isinstance(schema, dict):
-        schema = {key: strict(value) for key, value in schema.items()}
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
-            schema["additionalProperties"] = False
-        return schema
-    if isinstance(schema, list):
-        return [strict(item) for item in schema]
-    return schema
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """`launcher submit` end to end on real local Ray clusters: a job that succeeds, one that fails and
 is retried, one past its deadline, a stop, an idempotent re-submission, the Jobs API refusing a
-request without the token, and SIGINT/SIGTERM leaving no Ray or exporter process behind.
+request without the token, SIGINT/SIGTERM leaving no Ray or exporter process behind, and a
+--no-wait run left on its kept cluster.
 
 Most tests share one kept cluster (`launcher up`); the tests about a cluster's whole life (start,
 teardown, interrupts) start their own. Run under `flock /tmp/raypulse-ray.lock`.
@@ -156,6 +157,28 @@ def test_sigterm_while_the_cluster_starts_stops_before_submitting(home: Path):
     assert not live(processes), describe(live(processes))
     assert not cluster_processes("early-term")
     assert status_json("early-term", home)["attempts"] == []
+
+
+def test_no_wait_leaves_a_kept_cluster_running_the_job_and_down_ends_the_run(home: Path):
+    exporter_port, progress_port = free_base(2)
+    result = launcher("submit", "--no-wait", "--keep-cluster", "--run-id", "left-1", "--workers", "1",
+                      "--exporter-port", str(exporter_port), "--progress-port", str(progress_port), "--", "sleep 300",
+                      home=home)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "left-1\n"
+    assert "cluster left-1 kept at" in result.stderr
+    record = status_json("left-1", home)  # the command has returned; the job has not ended
+    assert record["state"] in ("PENDING", "RUNNING")
+    assert (record["exit_code"], record["detached"]) == (None, True)
+    # The exporters started with the cluster: no launcher is left to start them.
+    head = json.loads((home / "clusters" / "left-1" / "cluster.json").read_text())["exporters"][0]["url"]
+    wait_until(lambda: http_get(head + "/healthz")[0] == 200, 60, "the head exporter")
+    down = launcher("down", "left-1", home=home)
+    assert down.returncode == 0, down.stderr
+    assert "stopped 1 unfinished job(s) first: left-1-a1" in down.stderr
+    assert not cluster_processes("left-1"), describe(cluster_processes("left-1"))
+    record = status_json("left-1", home)  # ended by `down`, which stopped its job while the cluster answered
+    assert (record["state"], record["exit_code"]) == ("STOPPED", 3)
 
 
 # --- jobs on a shared kept cluster ----------------------------------------------------------------

@@ -25,7 +25,7 @@ from launcher.entrypoint import EntrypointError, validate_entrypoint
 from launcher.spec import JobSpec, SpecError, build_spec, format_memory, parse_memory
 from tests.conftest import REPO, free_port
 
-META_OPTIONS = {"file"}  # submit's options that are not spec fields
+META_OPTIONS = {"file", "no_wait"}  # submit's options that are not spec fields (no_wait: how the command ends)
 
 
 def leaf_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
@@ -85,6 +85,11 @@ def test_memory_sizes(size, expected):
     assert parse_memory(size) == expected
 
 
+def test_a_null_memory_means_unset():
+    spec = build_spec({"entrypoint": "python a.py", "worker_groups": [{"memory": None}]})
+    assert spec.worker_groups[0].memory is None
+
+
 def test_memory_renders_as_kubernetes_quantity():
     assert format_memory(4 * 2**30) == "4Gi"
     assert format_memory(1536 * 2**20) == "1536Mi"
@@ -119,6 +124,8 @@ def test_memory_renders_as_kubernetes_quantity():
      "backoffLimit"),
     ({"entrypoint": "python a.py", "address": "http://h:8265", "checkpoint_dir": "ckpt"}, "checkpoint_dir",
      "absolute path every node can reach, or a URI"),
+    ({"entrypoint": "python a.py", "worker_groups": [{"memory": -5}]}, "worker_groups[0].memory",
+     "greater than or equal to 0"),
 ])
 def test_spec_errors_name_the_field(data, field, words):
     with pytest.raises(SpecError) as error:
@@ -187,7 +194,9 @@ def test_commands_on_separate_lines_are_refused(commands):
 
 
 def launcher(*args: str, home: Path, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAYPULSE_HOME": str(home), **kwargs.pop("env", {})}
+    # Without Ray's address variables: with one set, `launcher submit` would go to that cluster.
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    env = {**env, "RAYPULSE_HOME": str(home), **kwargs.pop("env", {})}
     return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=60, **kwargs)
 

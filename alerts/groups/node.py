@@ -1,5 +1,8 @@
 """Node and pod: memory pressure and OOM kills, CPU throttling, checkpoint volume and /dev/shm, InfiniBand.
 
+Memory pressure and OOM kills also read node_exporter's series for nodes whose exporter runs in the
+node-exporter-companion profile (exporter/profiles.py): the profile must not silence them.
+
 Watched paths come from raypulse_node_filesystem_path_info{role}: `checkpoint` (the exporter's
 --checkpoint-path) and `object_store` (Ray's plasma directory, /dev/shm by default); joining on
 it keeps these alerts on the volumes that matter to a training job, whatever their fstype.
@@ -9,9 +12,21 @@ from __future__ import annotations
 
 from alerts.config import Config
 from alerts.model import AT_NODE, Alert, Group, Record, cap
+from dashboards import node_exporter as ne
 
 AVAIL_RATIO = "mountpoint:raypulse_node_filesystem_avail_bytes:ratio"
 SAME_TARGET = "on (job, instance, mountpoint)"
+
+
+OOM_KILLS = ne.COUNTERS["raypulse_node_oom_kills_total"][0]
+PRESSURE_STALLED = ne.PRESSURE_STALLED.format(resource="memory")
+
+
+def _from_node_exporter(expr: str, ours: str) -> str:
+    """`expr` on node_exporter's series, for the nodes whose exporter leaves memory to node_exporter
+    (the node-exporter-companion profile): only nodes our /sd labelled, and none that has `ours`."""
+    return (f"({expr}\n              and on ({ne.ON}) raypulse_exporter_build_info"
+            f"\n              unless on ({ne.ON}) {ours})")
 
 
 def _role(role: str) -> str:
@@ -27,6 +42,10 @@ def group(c: Config) -> Group:
         "symbol_errors", "receive_errors", "local_link_integrity_errors", "receive_remote_physical_errors",
         "excessive_buffer_overrun_errors"))
     checkpoint = "checkpoint volume {{ $labels.mountpoint }} on " + AT_NODE
+    theirs_short = (f"({ne.MEMORY['raypulse_node_memory_available_bytes']} / "
+                    f"{ne.MEMORY['raypulse_node_memory_total_bytes']} < {mem.available_ratio:g}"
+                    f"\n                or rate({PRESSURE_STALLED}[{mem.window}]) > {mem.stalled_ratio:g})")
+    theirs_oom = f'increase({OOM_KILLS}[{t("RaypulseNodeOomKills").window}]) > 0'
     return Group("node", "Node and pod (memory, OOM kills, CPU throttling, volumes, InfiniBand)", [
         Alert("RaypulseNodeMemoryPressure", "warning", "node", f"""
             raypulse_node_memory_available_bytes / raypulse_node_memory_total_bytes < {mem.available_ratio:g}
@@ -34,12 +53,17 @@ def group(c: Config) -> Group:
             max without (resource) (
               rate(raypulse_node_pressure_stalled_seconds_total{{resource="memory"}}[{mem.window}])
             ) > {mem.stalled_ratio:g}
+            or
+            {_from_node_exporter(theirs_short, "raypulse_node_memory_total_bytes")}
             """,
               "A node is short of memory.",
               f"{cap(AT_NODE)} has less than {mem.available_ratio:.0%} of its memory available, or all its tasks "
               f"stalled on memory more than {mem.stalled_ratio:.0%} of the time."),
-        Alert("RaypulseNodeOomKills", "warning", "node",
-              f'increase(raypulse_node_oom_kills_total[{t("RaypulseNodeOomKills").window}]) > 0',
+        Alert("RaypulseNodeOomKills", "warning", "node", f"""
+            increase(raypulse_node_oom_kills_total[{t("RaypulseNodeOomKills").window}]) > 0
+            or
+            {_from_node_exporter(theirs_oom, "raypulse_node_oom_kills_total")}
+            """,
               "The kernel OOM killer killed processes on a node.",
               f"The kernel killed {{{{ $value | printf \"%.0f\" }}}} processes for lack of memory on {AT_NODE} "
               f"in the last {t('RaypulseNodeOomKills').window}."),

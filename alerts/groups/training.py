@@ -11,8 +11,10 @@ from __future__ import annotations
 from alerts.config import Config
 from alerts.model import AT_JOB, AT_RANK, RAY_JOB, Alert, Group, Record, cap, increased
 
-THROUGHPUT = "ray_job:raypulse_train_throughput:rate"
-STEP_RATE = "rank:raypulse_train_step:deriv"
+# Recording rules are named level:metric:operation with the window in the operation (kubernetes-mixin's
+# habit), so a rule's name says what it averages over.
+THROUGHPUT = "ray_job:raypulse_train_throughput:rate{window}"
+STEP_RATE = "rank:raypulse_train_step:deriv{window}"
 ON_JOB = f"on ({RAY_JOB})"
 RUNNING = f'{ON_JOB} raypulse_job_state{{state="RUNNING"}} == 1'
 
@@ -23,6 +25,7 @@ def group(c: Config) -> Group:
                               t("RaypulseTrainingStragglerRank"))
     past = f"[{spike.baseline}] offset {spike.skip}"
     nonfinite = t("RaypulseTrainingLossNonFinite").window
+    throughput, step_rate = THROUGHPUT.format(window=drop.rate_window), STEP_RATE.format(window=straggler.window)
     return Group("training", "Training progress (stalls, throughput, loss, checkpoints, stragglers)", [
         Alert("RaypulseTrainingStalled", "critical", "training", f"""
             time() - max by ({RAY_JOB}) (raypulse_train_last_progress_time_seconds)
@@ -33,14 +36,14 @@ def group(c: Config) -> Group:
               f"No rank of {AT_JOB} has reported a training step for {{{{ $value | humanizeDuration }}}} "
               "while the job is running: it is hung or stuck."),
         # Tokens per second where the job reports tokens, else samples per second.
-        Record(THROUGHPUT, f"""
+        Record(throughput, f"""
             sum by ({RAY_JOB}) (rate(raypulse_train_tokens_total[{drop.rate_window}]))
             or
             sum by ({RAY_JOB}) (rate(raypulse_train_samples_total[{drop.rate_window}]))
             """),
         Alert("RaypulseTrainingThroughputDropped", "warning", "training", f"""
-            {THROUGHPUT}
-              < {drop.ratio:g} * quantile_over_time(0.5, {THROUGHPUT}[{drop.baseline}] offset {drop.skip})
+            {throughput}
+              < {drop.ratio:g} * quantile_over_time(0.5, {throughput}[{drop.baseline}] offset {drop.skip})
             and {RUNNING}
             and {ON_JOB} (time() - raypulse_job_start_time_seconds > {drop.min_age.seconds})
             """,
@@ -68,12 +71,12 @@ def group(c: Config) -> Group:
               "A running training job has not saved a checkpoint for too long.",
               f"{AT_JOB} last reported a saved checkpoint {{{{ $value | humanizeDuration }}}} ago; a failure "
               "now loses all the work since."),
-        Record(STEP_RATE, f"deriv(raypulse_train_step[{straggler.window}])"),
+        Record(step_rate, f"deriv(raypulse_train_step[{straggler.window}])"),
         Alert("RaypulseTrainingStragglerRank", "warning", "training", f"""
-            {STEP_RATE}
+            {step_rate}
               < {ON_JOB} group_left ()
-                {straggler.ratio:g} * quantile by ({RAY_JOB}) (0.5, {STEP_RATE})
-            and {ON_JOB} count by ({RAY_JOB}) ({STEP_RATE}) > 1
+                {straggler.ratio:g} * quantile by ({RAY_JOB}) (0.5, {step_rate})
+            and {ON_JOB} count by ({RAY_JOB}) ({step_rate}) > 1
             """,
               "A rank of a training job advances much slower than the others.",
               f"{cap(AT_RANK)} advances {{{{ $value | printf \"%.3g\" }}}} steps per second, under "

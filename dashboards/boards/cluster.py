@@ -3,6 +3,7 @@ a GPU utilization heat map on top; then resources, nodes, and the exporters' own
 
 from __future__ import annotations
 
+from dashboards import node_exporter
 from dashboards.boards.common import NOT_IDLE, UID_CLUSTER, UID_JOB, UID_NODE, rate, to_gpu, to_node
 from dashboards.model import Board, Link, Panel, Row, Target
 from dashboards.selectors import Scope
@@ -16,6 +17,16 @@ def _table_link(uid: str, variable: str, column: str, title: str) -> Link:
     """A data link from a table row: tables have fields (`__data.fields`), not series labels."""
     return Link(title, f"/d/{uid}/{uid}?${{__url_time_range}}&${{datasource:queryparam}}"
                        f"&var-cluster=${{__data.fields.cluster}}&var-{variable}=${{__data.fields.{column}}}")
+
+
+def _either(ours: str, theirs: str) -> str:
+    """Per node, raypulse's node series or node_exporter's (dashboards/node_exporter.py)."""
+    return node_exporter.either(ours, theirs, S("raypulse_exporter_build_info"))
+
+
+def _exporters(expr: str) -> str:
+    """`expr` over process_* (every client library's names, node_exporter's too) of raypulse's exporters only."""
+    return f"{expr} and on (instance) {S('raypulse_exporter_build_info')}"
 
 
 def _gpu_count(condition: str) -> str:
@@ -61,7 +72,7 @@ SUMMARY = Row("Cluster", collapsed=False, panels=(
         Target(f"{S('raypulse_job_info')} * on (cluster, job_id, submission_id) group_left (state) "
                f"({S('raypulse_job_state')} == 1)", instant=True),),
         "Every job the head knows with its state (click: the job).", kind="table", width=24, height=7,
-        links=(_table_link(UID_JOB, "job", "submission_id", "Open job ${__data.fields.submission_id}"),)),
+        links=(_table_link(UID_JOB, "submission", "submission_id", "Open job ${__data.fields.submission_id}"),)),
 ))
 
 RESOURCES = Row("Resources and scheduling", collapsed=False, panels=(
@@ -101,12 +112,14 @@ NODES = Row("Nodes", collapsed=False, panels=(
     Panel("Node deaths by reason", "short", (Target(S("raypulse_ray_node_deaths"), "{{reason}}"),),
           "Ray nodes dead in the retention window, by reason.", min=0),
     Panel("CPU busy by node", "percentunit", (
-        Target(f"sum by ({PER_NODE}) ({rate(S('raypulse_node_cpu_seconds_total', NOT_IDLE))}) "
-               f"/ sum by ({PER_NODE}) ({S('raypulse_node_cpus')})", "{{node}}"),),
+        Target(_either(f"sum by ({PER_NODE}) ({rate(S('raypulse_node_cpu_seconds_total', NOT_IDLE))}) "
+                       f"/ sum by ({PER_NODE}) ({S('raypulse_node_cpus')})",
+                       f"sum by ({PER_NODE}) ({rate(S('node_cpu_seconds_total', NOT_IDLE))}) "
+                       f"/ count by ({PER_NODE}) ({S('node_cpu_seconds_total', mode='idle')})"), "{{node}}"),),
         "Share of each node's CPUs in use (click: the node).", min=0, max=1, links=(to_node(),)),
     Panel("Memory used by node", "percentunit", (
-        Target(f"1 - {S('raypulse_node_memory_available_bytes')} / {S('raypulse_node_memory_total_bytes')}",
-               "{{node}}"),),
+        Target(_either(f"1 - {S('raypulse_node_memory_available_bytes')} / {S('raypulse_node_memory_total_bytes')}",
+                       f"1 - {S('node_memory_MemAvailable_bytes')} / {S('node_memory_MemTotal_bytes')}"), "{{node}}"),),
         "Share of each node's memory in use (click: the node).", min=0, max=1, links=(to_node(),)),
     Panel("Exporters with a raylet", "short", (Target(S("raypulse_ray_node_info"), instant=True),),
           "The node exporters that found a raylet (click: the node).", kind="table", width=24,
@@ -114,8 +127,8 @@ NODES = Row("Nodes", collapsed=False, panels=(
 ))
 
 EXPORTERS = Row("Exporters", (
-    Panel("Scrape up", "bool", (Target(S("up"), "{{node}} {{instance}}"),),
-          "1 while Prometheus scrapes the node's exporter.", min=0, max=1),
+    Panel("Scrape up", "bool", (Target(S("up"), "{{node}} {{job}} {{instance}}"),),
+          "1 while Prometheus scrapes the node's exporter (and node_exporter, where /sd lists it).", min=0, max=1),
     Panel("Collectors down or stuck", "short", (
         Target(f"sum by ({PER_NODE}, collector) (1 - {S('raypulse_exporter_collector_up')})",
                "{{node}} {{collector}} down"),
@@ -139,15 +152,17 @@ EXPORTERS = Row("Exporters", (
                "{{node}} {{collector}} runs/s"),
         Target(S("raypulse_exporter_collector_series"), "{{node}} {{collector}} series")),
         "Runs per second and series served per collector.", min=0),
-    Panel("Exporter CPU", "suffix: cores", (Target(rate(S("raypulse_exporter_cpu_seconds_total")), "{{node}}"),),
+    Panel("Exporter CPU", "suffix: cores", (Target(_exporters(rate(S("process_cpu_seconds_total"))), "{{node}}"),),
           "CPU the exporter itself uses.", min=0),
     Panel("Exporter memory and handles", "bytes", (
-        Target(S("raypulse_exporter_resident_memory_bytes"), "{{node}} resident"),),
-        "Resident memory of the exporter process.", min=0),
+        Target(_exporters(S("process_resident_memory_bytes")), "{{node}} resident"),
+        Target(_exporters(S("process_virtual_memory_bytes")), "{{node}} virtual")),
+        "Resident and virtual memory of the exporter process.", min=0),
     Panel("Exporter threads and files", "short", (
         Target(S("raypulse_exporter_threads"), "{{node}} threads"),
-        Target(S("raypulse_exporter_open_fds"), "{{node}} open files")),
-        "Threads and open file descriptors of the exporter.", min=0),
+        Target(_exporters(S("process_open_fds")), "{{node}} open files"),
+        Target(_exporters(S("process_max_fds")), "{{node}} file limit")),
+        "Threads and open file descriptors of the exporter, against its file limit.", min=0),
     Panel("Exporter connections", "short", (
         Target(S("raypulse_exporter_http_connections"), "{{node}} open"),
         Target(S("raypulse_exporter_http_connection_limit"), "{{node}} limit")),
@@ -161,8 +176,11 @@ EXPORTERS = Row("Exporters", (
                "{{node}} client {{kind}}")),
         "Per second: clients answered 503 (over a bound), connections the exporter closed (idle, slow, "
         "evicted), and client errors (malformed requests, disconnects).", min=0),
-    Panel("Exporter uptime", "s", (Target(f"time() - {S('raypulse_exporter_start_time_seconds')}", "{{node}}"),),
-          "Time since each exporter started (a reset means a restart).", min=0),
+    Panel("Exporter uptime", "s", (
+        Target(f"time() - {S('raypulse_exporter_start_time_seconds')}", "{{node}} serving"),
+        Target(_exporters(f"time() - {S('process_start_time_seconds')}"), "{{node}} process")),
+        "Time since each exporter started serving, and since its process started (a reset means a restart).",
+        min=0),
     Panel("OTLP push", "ops", (
         Target(f"sum by ({PER_NODE}, result) ({rate(S('raypulse_exporter_otlp_exports_total'))})",
                "{{node}} {{result}}"),

@@ -33,11 +33,11 @@ def _url(uid: str, **variables: str) -> str:
 
 
 def to_job(title: str = "Open job ${__field.labels.submission_id}") -> Link:
-    return Link(title, _url(UID_JOB, cluster="cluster", job="submission_id"))
+    return Link(title, _url(UID_JOB, cluster="cluster", submission="submission_id"))
 
 
 def to_training(title: str = "Training stability of ${__field.labels.submission_id}") -> Link:
-    return Link(title, _url(UID_TRAINING, cluster="cluster", job="submission_id"))
+    return Link(title, _url(UID_TRAINING, cluster="cluster", submission="submission_id"))
 
 
 def to_node(title: str = "Open node ${__field.labels.node}") -> Link:

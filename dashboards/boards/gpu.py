@@ -253,8 +253,11 @@ JOBS = Row("Processes and jobs", collapsed=False, panels=(
         Target(S("raypulse_job_gpu_processes"), ID + " {{submission_id}} processes")),
         "Share of SM time each job's processes used, and how many of its processes use the GPU.", min=0,
         links=(to_job(),)),
-    Panel("Processes on the GPU", "short", (_each("raypulse_gpu_processes"),),
-          "Compute processes NVML lists on the GPU (any owner).", min=0),
+    Panel("Processes on the GPU", "short", (
+        _each("raypulse_gpu_processes"),
+        Target(S("raypulse_gpu_processes_unlisted"), "{{node}} without per-process series")),
+        "Compute processes NVML lists on the GPU (any owner), and those of the node left out of the per-process "
+        "series (gpu.max_process_series).", min=0),
     Panel("Process memory", "bytes", (
         Target(f"{S('raypulse_gpu_process_memory_used_bytes')} * on (instance, uuid, pid) group_left (process_name) "
                f"{S('raypulse_gpu_process_info')}", ID + " {{process_name}} ({{pid}})"),),

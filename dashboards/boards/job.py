@@ -5,11 +5,12 @@ series of it (raypulse_job_*, raypulse_train_*) carries one."""
 
 from __future__ import annotations
 
+from dashboards import node_exporter as ne
 from dashboards.boards.common import NOT_IDLE, STATES, UID_JOB, rate, to_gpu, to_node, to_training
 from dashboards.model import Board, Panel, Row, Target
 from dashboards.selectors import Scope
 
-S = Scope("cluster", "job")
+S = Scope("cluster", "submission")
 C = Scope("cluster")  # node and GPU families: no job label; joined with the job's processes
 JOB = "{{submission_id}}"
 STATE_COLORS = {"PENDING": "blue", "RUNNING": "green", "SUCCEEDED": "super-light-green", "FAILED": "red",
@@ -21,6 +22,18 @@ def on_job_nodes(expr: str) -> str:
     is the "many" side, so several jobs on one node are fine."""
     return (f"group by (cluster, instance, submission_id) ({S('raypulse_job_processes')} > 0) "
             f"* on (instance) group_left (node) ({expr})")
+
+
+def on_job_hosts(expr: str) -> str:
+    """`expr` (per cluster and node) for each node where the job has processes: node_exporter's
+    series (dashboards/node_exporter.py) share only those labels with the job's, not `instance`.
+    The max keeps one series per node where several exporters carry its name."""
+    return (f"group by (cluster, node, submission_id) ({S('raypulse_job_processes')} > 0) "
+            f"* on (cluster, node) group_left () max by (cluster, node) ({expr})")
+
+
+def _either(ours: str, theirs: str) -> str:
+    return ne.either(ours, theirs, C("raypulse_exporter_build_info"))
 
 
 def on_job_gpus(expr: str) -> str:
@@ -128,13 +141,16 @@ PROCESSES = Row("Processes and nodes", collapsed=False, panels=(
                f"({S('raypulse_job_process_shared_memory_bytes')})", JOB + " {{node}} {{process_role}} shared")),
         "Resident and shared memory of the job's processes.", min=0, links=(to_node(),)),
     Panel("Its nodes: CPU busy", "percentunit", (
-        Target(on_job_nodes(
-            f"sum by (instance, node) ({rate(C('raypulse_node_cpu_seconds_total', NOT_IDLE))}) "
-            f"/ on (instance) group_left () sum by (instance) ({C('raypulse_node_cpus')})"),
+        Target(on_job_hosts(_either(
+            f"sum by (cluster, node) ({rate(C('raypulse_node_cpu_seconds_total', NOT_IDLE))}) "
+            f"/ sum by (cluster, node) ({C('raypulse_node_cpus')})",
+            f"sum by (cluster, node) ({rate(C('node_cpu_seconds_total', NOT_IDLE))}) "
+            f"/ count by (cluster, node) ({C('node_cpu_seconds_total', mode='idle')})")),
             JOB + " {{node}}"),),
         "Whole-node CPU of every node the job runs on (other work included).", min=0, max=1, links=(to_node(),)),
     Panel("Its nodes: memory available", "bytes", (
-        Target(on_job_nodes(C("raypulse_node_memory_available_bytes")), JOB + " {{node}}"),),
+        Target(on_job_hosts(_either(C("raypulse_node_memory_available_bytes"), C("node_memory_MemAvailable_bytes"))),
+               JOB + " {{node}}"),),
         "Memory still available on the job's nodes.", min=0, links=(to_node(),)),
     Panel("Its nodes: pod memory", "bytes", (
         Target(on_job_nodes(C("raypulse_pod_memory_working_set_bytes")), JOB + " {{node}} working set"),),
@@ -166,7 +182,7 @@ BOARD = Board(
     uid=UID_JOB, title="raypulse / Job",
     description="One Ray job: state and attempts, progress and throughput, loss, its GPUs, processes and "
                 "nodes, actors, tasks, failures by type, checkpoint age.",
-    variables=("cluster", "job"), tags=("job",), rows=(STATE, PROGRESS, GPUS, PROCESSES, WORKLOAD),
+    variables=("cluster", "submission"), tags=("job",), rows=(STATE, PROGRESS, GPUS, PROCESSES, WORKLOAD),
 )
 
 assert set(STATE_COLORS) == set(STATES)

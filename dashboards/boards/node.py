@@ -1,35 +1,57 @@
 """Node / pod: one node or all, laid out like Node Exporter Full (headline stats, then the basic
 four, then a collapsed row per subsystem) from raypulse_node_* and raypulse_pod_*, plus what
-Ray runs on the node (its processes by job, the object store)."""
+Ray runs on the node (its processes by job, the object store).
+
+Panels on what node_exporter reads too (CPU, memory, vmstat, disks, network, pressure) read its
+series for nodes whose exporter leaves those to it (dashboards/node_exporter.py)."""
 
 from __future__ import annotations
 
-from dashboards.boards.common import NOT_IDLE_ONLY, NOT_LOOPBACK, UID_NODE, rate, to_job
+from dashboards import node_exporter as ne
+from dashboards.boards.common import NOT_IDLE, NOT_IDLE_ONLY, NOT_LOOPBACK, UID_NODE, rate, to_job
 from dashboards.model import Board, Panel, Row, Target
 from dashboards.selectors import Scope
 
 S = Scope("cluster", "node")
 BY = "cluster, node"
 CPUS = f"sum by ({BY}) ({S('raypulse_node_cpus')})"
+THEIR_CPUS = f"count by ({BY}) ({S('node_cpu_seconds_total', mode='idle')})"  # one idle series per CPU
+
+
+def either(ours: str, theirs: str) -> str:
+    return ne.either(ours, theirs, S("raypulse_exporter_build_info"))
 
 
 def _busy() -> str:
-    busy = rate(S("raypulse_node_cpu_seconds_total", 'mode!~"idle|iowait"'))
-    return f"sum by ({BY}) ({busy}) / {CPUS}"
+    return either(f"sum by ({BY}) ({rate(S('raypulse_node_cpu_seconds_total', NOT_IDLE))}) / {CPUS}",
+                  f"sum by ({BY}) ({rate(S('node_cpu_seconds_total', NOT_IDLE))}) / {THEIR_CPUS}")
 
 
 def _mem_used() -> str:
-    return f"1 - {S('raypulse_node_memory_available_bytes')} / {S('raypulse_node_memory_total_bytes')}"
+    return either(f"1 - {S('raypulse_node_memory_available_bytes')} / {S('raypulse_node_memory_total_bytes')}",
+                  f"1 - {S('node_memory_MemAvailable_bytes')} / {S('node_memory_MemTotal_bytes')}")
+
+
+def _gauge(name: str) -> str:
+    """The family's selector, or node_exporter's equivalent for a node without it."""
+    return either(S(name), S(ne.GAUGES[name])) if name in ne.GAUGES else S(name)
 
 
 def _series(*names: str, legend: str = "{{node}} ") -> tuple[Target, ...]:
     """One target per family, legend `<node> <short family name>`."""
-    return tuple(Target(S(name), legend + name.split("_", 2)[-1].removesuffix("_bytes")) for name in names)
+    return tuple(Target(_gauge(name), legend + name.split("_", 2)[-1].removesuffix("_bytes")) for name in names)
 
 
-def _rates(*names: str, by: str = BY) -> tuple[Target, ...]:
-    return tuple(Target(f"sum by ({by}) ({rate(S(name))})",
-                        "{{node}} " + name.split("_", 2)[-1].removesuffix("_total"))
+def _rate_sum(name: str) -> str:
+    ours = f"sum by ({BY}) ({rate(S(name))})"
+    if name not in ne.COUNTERS:
+        return ours
+    theirs, factor = ne.COUNTERS[name]
+    return either(ours, f"sum by ({BY}) ({rate(S(theirs))})" + (f" * {factor}" if factor != 1 else ""))
+
+
+def _rates(*names: str) -> tuple[Target, ...]:
+    return tuple(Target(_rate_sum(name), "{{node}} " + name.split("_", 2)[-1].removesuffix("_total"))
                  for name in names)
 
 
@@ -40,13 +62,14 @@ OVERVIEW = Row("Overview", collapsed=False, panels=(
     Panel("Memory used", "percentunit", (Target(_mem_used(), "{{node}}"),),
           "1 - MemAvailable / MemTotal.", kind="stat", width=4, height=5, min=0, max=1,
           thresholds=((None, "green"), (0.85, "orange"), (0.95, "red"))),
-    Panel("Load per CPU (5m)", "short", (Target(f"{S('raypulse_node_load5')} / {S('raypulse_node_cpus')}",
-                                                "{{node}}"),),
+    Panel("Load per CPU (5m)", "short", (Target(either(f"{S('raypulse_node_load5')} / {S('raypulse_node_cpus')}",
+                                                       f"{S('node_load5')} / on ({BY}) {THEIR_CPUS}"), "{{node}}"),),
           "5-minute load average divided by the number of CPUs; above 1 means work waits.", kind="stat",
           width=4, height=5, decimals=2),
-    Panel("CPUs", "short", (Target(S("raypulse_node_cpus"), "{{node}}"),), "Online CPUs of the node.",
+    Panel("CPUs", "short", (Target(either(S("raypulse_node_cpus"), THEIR_CPUS), "{{node}}"),),
+          "Online CPUs of the node.",
           kind="stat", width=3, height=5),
-    Panel("Memory size", "bytes", (Target(S("raypulse_node_memory_total_bytes"), "{{node}}"),), "MemTotal.",
+    Panel("Memory size", "bytes", (Target(_gauge("raypulse_node_memory_total_bytes"), "{{node}}"),), "MemTotal.",
           kind="stat", width=3, height=5),
     Panel("Uptime", "s", (Target(f"time() - {S('raypulse_node_boot_time_seconds')}", "{{node}}"),),
           "Time since the node booted.", kind="stat", width=3, height=5),
@@ -56,11 +79,10 @@ OVERVIEW = Row("Overview", collapsed=False, panels=(
           "Share of all CPUs not idle or waiting for I/O.", width=6, min=0, max=1),
     Panel("Memory used by node", "percentunit", (Target(_mem_used(), "{{node}}"),),
           "1 - MemAvailable / MemTotal.", width=6, min=0, max=1),
-    Panel("Network traffic", "Bps", (
-        Target(f"sum by ({BY}) ({rate(S('raypulse_node_network_receive_bytes_total', NOT_LOOPBACK))})",
-               "{{node}} receive"),
-        Target(f"sum by ({BY}) ({rate(S('raypulse_node_network_transmit_bytes_total', NOT_LOOPBACK))})",
-               "{{node}} transmit")),
+    Panel("Network traffic", "Bps", tuple(
+        Target(either(f"sum by ({BY}) ({rate(S(f'raypulse_node_network_{way}_bytes_total', NOT_LOOPBACK))})",
+                      f"sum by ({BY}) ({rate(S(f'node_network_{way}_bytes_total', ne.NOT_EXCLUDED_INTERFACE))})"),
+               "{{node}} " + way) for way in ("receive", "transmit")),
         "Bytes per second over every interface but loopback.", width=6),
     Panel("Filesystem used", "percentunit", (
         Target(f"1 - {S('raypulse_node_filesystem_avail_bytes')} / {S('raypulse_node_filesystem_size_bytes')}",
@@ -70,11 +92,14 @@ OVERVIEW = Row("Overview", collapsed=False, panels=(
 
 CPU = Row("CPU", (
     Panel("CPU by mode", "percentunit", (
-        Target(f"sum by ({BY}, mode) ({rate(S('raypulse_node_cpu_seconds_total', NOT_IDLE_ONLY))}) "
-               f"/ on ({BY}) group_left () {CPUS}", "{{node}} {{mode}}"),),
+        Target(either(f"sum by ({BY}, mode) ({rate(S('raypulse_node_cpu_seconds_total', NOT_IDLE_ONLY))}) "
+                      f"/ on ({BY}) group_left () {CPUS}",
+                      f"sum by ({BY}, mode) ({rate(S('node_cpu_seconds_total', NOT_IDLE_ONLY))}) "
+                      f"/ on ({BY}) group_left () {THEIR_CPUS}"), "{{node}} {{mode}}"),),
         "Share of all CPUs by mode (idle left out).", stack=True, min=0),
     Panel("Guest CPU", "suffix: cores", (
-        Target(f"sum by ({BY}, mode) ({rate(S('raypulse_node_cpu_guest_seconds_total'))})", "{{node}} {{mode}}"),),
+        Target(either(f"sum by ({BY}, mode) ({rate(S('raypulse_node_cpu_guest_seconds_total'))})",
+                      f"sum by ({BY}, mode) ({rate(S('node_cpu_guest_seconds_total'))})"), "{{node}} {{mode}}"),),
         "CPUs running virtual machines' guests.", min=0),
     Panel("Load average", "short", _series("raypulse_node_load1", "raypulse_node_load5", "raypulse_node_load15"),
           "Run-queue length averaged over 1, 5 and 15 minutes.", min=0),
@@ -99,7 +124,8 @@ MEMORY = Row("Memory", (
         "raypulse_node_memory_mapped_bytes", "raypulse_node_memory_locked_bytes"),
         "Pages waiting for or being written back, mapped files, mlocked memory.", min=0),
     Panel("Swap", "bytes", (
-        Target(f"{S('raypulse_node_memory_swap_total_bytes')} - {S('raypulse_node_memory_swap_free_bytes')}",
+        Target(either(f"{S('raypulse_node_memory_swap_total_bytes')} - {S('raypulse_node_memory_swap_free_bytes')}",
+                      f"{S('node_memory_SwapTotal_bytes')} - {S('node_memory_SwapFree_bytes')}"),
                "{{node}} used"), *_series("raypulse_node_memory_swap_total_bytes",
                                           "raypulse_node_memory_swap_cached_bytes")),
         "Swap in use, its size, and swapped pages also in memory.", min=0),
@@ -117,19 +143,23 @@ MEMORY = Row("Memory", (
         "raypulse_node_swapped_in_bytes_total", "raypulse_node_swapped_out_bytes_total"),
         "Bytes per second paged and swapped in and out.", min=0),
     Panel("Kernel OOM kills", "short", (
-        Target(f"sum by ({BY}) (increase({S('raypulse_node_oom_kills_total')}[$__rate_interval]))",
-               "{{node}}"),),
+        Target(either(f"sum by ({BY}) (increase({S('raypulse_node_oom_kills_total')}[$__rate_interval]))",
+                      f"sum by ({BY}) (increase({S('node_vmstat_oom_kill')}[$__rate_interval]))"), "{{node}}"),),
         "Processes the kernel's OOM killer ended (any cgroup on the node).", min=0),
 ))
 
+def _psi(kind: str, resources: tuple[str, ...]) -> str:
+    """PSI `kind` (waiting: some, stalled: full) by resource; node_exporter has a family per resource."""
+    theirs = {resource: f"sum by ({BY}) ({rate(S(f'node_pressure_{resource}_{kind}_seconds_total'))})"
+              for resource in resources}
+    return either(f"sum by ({BY}, resource) ({rate(S(f'raypulse_node_pressure_{kind}_seconds_total'))})",
+                  ne.per_resource(theirs))
+
+
 PRESSURE = Row("Pressure (PSI)", (
-    Panel("Node: some task waiting", "percentunit", (
-        Target(f"sum by ({BY}, resource) ({rate(S('raypulse_node_pressure_waiting_seconds_total'))})",
-               "{{node}} {{resource}}"),),
+    Panel("Node: some task waiting", "percentunit", (Target(_psi("waiting", ne.PSI_WAITING), "{{node}} {{resource}}"),),
         "Share of time at least one task waited for CPU, memory or I/O (PSI some).", min=0, max=1),
-    Panel("Node: all tasks stalled", "percentunit", (
-        Target(f"sum by ({BY}, resource) ({rate(S('raypulse_node_pressure_stalled_seconds_total'))})",
-               "{{node}} {{resource}}"),),
+    Panel("Node: all tasks stalled", "percentunit", (Target(_psi("stalled", ne.PSI_STALLED), "{{node}} {{resource}}"),),
         "Share of time every non-idle task was stalled (PSI full).", min=0, max=1),
     Panel("Pod: waiting / stalled", "percentunit", (
         Target(f"sum by ({BY}, resource) ({rate(S('raypulse_pod_pressure_waiting_seconds_total'))})",
@@ -140,8 +170,20 @@ PRESSURE = Row("Pressure (PSI)", (
 ))
 
 
-def _disk(name: str) -> str:
-    return f"sum by ({BY}, device) ({rate(S(name))})"
+def _per_device(selector: str) -> str:
+    return f"sum by ({BY}, device) ({rate(selector)})"
+
+
+def _their_disk(name: str) -> str:
+    return S(ne.DISK[name], ne.NOT_EXCLUDED_DISK)
+
+
+def _disk(name: str, of: str = "") -> str:
+    """Per device per second; with `of`, per operation of that counter (a latency)."""
+    if of:
+        return either(f"{_per_device(S(name))} / {_per_device(S(of))}",
+                      f"{_per_device(_their_disk(name))} / {_per_device(_their_disk(of))}")
+    return either(_per_device(S(name)), _per_device(_their_disk(name)))
 
 
 DISKS = Row("Disks", (
@@ -156,17 +198,18 @@ DISKS = Row("Disks", (
         Target(_disk("raypulse_node_disk_writes_merged_total"), "{{node}} {{device}} writes merged")),
         "Completed and merged operations per second.", min=0),
     Panel("Disk latency", "s", (
-        Target(f"{_disk('raypulse_node_disk_read_time_seconds_total')} / "
-               f"{_disk('raypulse_node_disk_reads_completed_total')}", "{{node}} {{device}} read"),
-        Target(f"{_disk('raypulse_node_disk_write_time_seconds_total')} / "
-               f"{_disk('raypulse_node_disk_writes_completed_total')}", "{{node}} {{device}} write")),
+        Target(_disk("raypulse_node_disk_read_time_seconds_total", of="raypulse_node_disk_reads_completed_total"),
+               "{{node}} {{device}} read"),
+        Target(_disk("raypulse_node_disk_write_time_seconds_total", of="raypulse_node_disk_writes_completed_total"),
+               "{{node}} {{device}} write")),
         "Average time per completed operation (gaps: no operations).", min=0),
     Panel("Disk busy", "percentunit", (
         Target(_disk("raypulse_node_disk_io_time_seconds_total"), "{{node}} {{device}}"),),
         "Share of time the device had I/O in flight.", min=0, max=1),
     Panel("Disk queue", "short", (
         Target(_disk("raypulse_node_disk_io_time_weighted_seconds_total"), "{{node}} {{device}} average queue"),
-        Target(S("raypulse_node_disk_io_now"), "{{node}} {{device}} in flight")),
+        Target(either(S("raypulse_node_disk_io_now"), S("node_disk_io_now", ne.NOT_EXCLUDED_DISK)),
+               "{{node}} {{device}} in flight")),
         "Average queue length (weighted I/O time per second) and operations in flight now.", min=0),
 ))
 
@@ -200,8 +243,18 @@ FILESYSTEMS = Row("Filesystems", (
 ))
 
 
-def _net(name: str, by: str = "interface") -> str:
-    return f"sum by ({BY}, {by}) ({rate(S(name))})"
+def _their_net(name: str) -> str:
+    return S(ne.NETWORK[name], ne.NOT_EXCLUDED_INTERFACE)
+
+
+def _net(name: str, over: str = "rate") -> str:
+    """Per interface: the counter's rate (or `changes`) over the rate interval."""
+    return either(f"sum by ({BY}, interface) ({over}({S(name)}[$__rate_interval]))",
+                  ne.as_interface(f"sum by ({BY}, device) ({over}({_their_net(name)}[$__rate_interval]))"))
+
+
+def _net_gauge(name: str) -> str:
+    return either(S(name), ne.as_interface(_their_net(name)))
 
 
 NETWORK = Row("Network", (
@@ -220,16 +273,16 @@ NETWORK = Row("Network", (
         Target(_net("raypulse_node_network_transmit_drops_total"), "{{node}} {{interface}} transmit drops")),
         "Per second; drops on a busy NIC starve collective communication.", min=0),
     Panel("Link", "short", (
-        Target(S("raypulse_node_network_up"), "{{node}} {{interface}} up"),
-        Target(f"sum by ({BY}, interface) (changes({S('raypulse_node_network_carrier_changes_total')}"
-               "[$__rate_interval]))", "{{node}} {{interface}} carrier changes")),
+        Target(_net_gauge("raypulse_node_network_up"), "{{node}} {{interface}} up"),
+        Target(_net("raypulse_node_network_carrier_changes_total", over="changes"),
+               "{{node}} {{interface}} carrier changes")),
         "1 while the interface is up; carrier changes (link flaps) in each interval.", min=0),
-    Panel("Link speed", "Bps", (Target(S("raypulse_node_network_speed_bytes_per_second"),
+    Panel("Link speed", "Bps", (Target(_net_gauge("raypulse_node_network_speed_bytes_per_second"),
                                        "{{node}} {{interface}}"),),
           "Negotiated speed of interfaces that report one (not virtual ones).", min=0),
-    Panel("MTU", "bytes", (Target(S("raypulse_node_network_mtu_bytes"), "{{node}} {{interface}}"),),
+    Panel("MTU", "bytes", (Target(_net_gauge("raypulse_node_network_mtu_bytes"), "{{node}} {{interface}}"),),
           "Maximum transmission unit.", min=0),
-    Panel("Interfaces", "short", (Target(S("raypulse_node_network_info"), instant=True),),
+    Panel("Interfaces", "short", (Target(_net_gauge("raypulse_node_network_info"), instant=True),),
           "Address, state and duplex of each interface.", kind="table", width=24),
 ))
 

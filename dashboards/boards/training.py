@@ -8,7 +8,7 @@ from dashboards.boards.common import RATE, TRAINING_ALERTS, UID_TRAINING, rate, 
 from dashboards.model import Board, Panel, Row, Target
 from dashboards.selectors import Scope
 
-S = Scope("cluster", "job")
+S = Scope("cluster", "submission")
 RUNS = Scope("cluster")  # run-level series (run_id) are not per submission
 JOB = "{{submission_id}}"
 RANK = JOB + " rank {{rank}}"
@@ -167,6 +167,6 @@ BOARD = Board(
     uid=UID_TRAINING, title="raypulse / Training stability",
     description="Stalls, throughput against baseline, NaN, loss and gradients, stragglers, checkpoints and "
                 "the training alerts, from what jobs report through exporter.progress.",
-    variables=("cluster", "job"), tags=("training",),
+    variables=("cluster", "submission"), tags=("training",),
     rows=(STALLS, THROUGHPUT, NUMERICS, STRAGGLERS, CHECKPOINTS, HEALING, REPORTING, ALERTS),
 )

@@ -1,10 +1,12 @@
-"""The exporter process's own CPU, memory, threads and file descriptors (psutil)."""
+"""The exporter process's own CPU, memory, start time and file descriptors under the standard
+`process_*` names (prometheus_client's ProcessCollector reads them), plus its thread count."""
 
 from __future__ import annotations
 
 import psutil
+from prometheus_client import ProcessCollector
 
-from exporter.catalog import counter, gauge
+from exporter.catalog import MetricSpec, counter, gauge
 from exporter.collector import BlockingCollector, register
 from exporter.config import ExporterConfig
 from exporter.shared import Shared
@@ -12,29 +14,39 @@ from exporter.snapshot import SampleSink
 
 NAME = "self"
 
-RESIDENT_MEMORY = gauge("raypulse_exporter_resident_memory_bytes", "Resident memory of the exporter process.",
-                        collector=NAME, unit="bytes")
-CPU_SECONDS = counter("raypulse_exporter_cpu_seconds_total", "CPU time used by the exporter process.",
-                      collector=NAME, unit="seconds")
+# Declared here (docs/metrics.md, the live/catalog check), read by ProcessCollector: same names,
+# types and units as every client library's process collector.
+STANDARD: dict[str, MetricSpec] = {spec.name: spec for spec in (
+    counter("process_cpu_seconds_total", "Total user and system CPU time of the exporter process.",
+            collector=NAME, unit="seconds"),
+    gauge("process_resident_memory_bytes", "Resident memory of the exporter process.", collector=NAME,
+          unit="bytes"),
+    gauge("process_virtual_memory_bytes", "Virtual memory of the exporter process.", collector=NAME, unit="bytes"),
+    gauge("process_start_time_seconds", "Start time of the exporter process since the Unix epoch.",
+          collector=NAME, unit="seconds"),
+    gauge("process_open_fds", "File descriptors the exporter process has open.", collector=NAME),
+    gauge("process_max_fds", "Most file descriptors the exporter process may open (RLIMIT_NOFILE).",
+          collector=NAME),
+)}
 THREADS = gauge("raypulse_exporter_threads", "Threads of the exporter process (stuck collectors hold one).",
                 collector=NAME)
-OPEN_FDS = gauge("raypulse_exporter_open_fds", "File descriptors the exporter process has open.", collector=NAME)
 
 
 @register
 class SelfCollector(BlockingCollector):
     name = NAME
-    description = "The exporter process's own CPU, memory, threads and open files."
+    description = "The exporter process's own CPU, memory, threads and open files (standard process_* names)."
     default_interval = 15.0
 
     def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
         super().__init__(config, shared)
+        self._standard = ProcessCollector(registry=None)  # not registered: its samples go through our sink
         self._process = psutil.Process()
 
     def collect(self, out: SampleSink) -> None:
-        with self._process.oneshot():
-            out.add(RESIDENT_MEMORY, self._process.memory_info().rss)
-            times = self._process.cpu_times()
-            out.add(CPU_SECONDS, times.user + times.system)
-            out.add(THREADS, self._process.num_threads())
-            out.add(OPEN_FDS, self._process.num_fds())
+        for family in self._standard.collect():
+            for sample in family.samples:
+                spec = STANDARD.get(sample.name)
+                if spec is not None:
+                    out.add(spec, sample.value)
+        out.add(THREADS, self._process.num_threads())

@@ -139,6 +139,7 @@ class GpuCollector(BlockingCollector):
                     table.setdefault(usage.pid, []).append(usage)
             self._emit_identity(device, out)  # after the first read of a new GPU, which learns it
             out.add(inventory.UP, not device.lost, **device.labels)
+        processes.emit(out, (usage for uses in table.values() for usage in uses), self.settings.max_process_series)
         self.shared.gpu_processes.publish(MappingProxyType({pid: tuple(uses) for pid, uses in table.items()}))
 
     def _device_count(self) -> int:

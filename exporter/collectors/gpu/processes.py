@@ -8,10 +8,12 @@ NVML reports host PIDs: in a container the exporter needs the host PID namespace
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
-from exporter.collectors.gpu.families import gpu_gauge, gpu_info
-from exporter.collectors.gpu.reader import Area, DeviceReader
+from exporter.catalog import gauge
+from exporter.collectors.gpu.families import COLLECTOR, gpu_gauge, gpu_info
+from exporter.collectors.gpu.reader import Area, DeviceReader, Sink
 from exporter.shared import GpuProcessUsage
 
 _MAX_NAME = 64
@@ -27,6 +29,9 @@ MEMORY_USED = gpu_gauge("process_memory_used_bytes", "Device memory the process 
                         only_when=_WITH_PROCESSES)
 SM_UTILIZATION = gpu_gauge("process_sm_utilization_ratio", "Share of the SMs' time the process used over NVML's "
                            "last sample period.", ("pid",), unit="ratio", only_when=_NO_MIG_UTILIZATION)
+UNLISTED = gauge("raypulse_gpu_processes_unlisted", "GPU processes of the node left out of the per-process "
+                 "series by gpu.max_process_series (the smallest device memory first).", collector=COLLECTOR,
+                 only_when="while NVML is up")
 MEMORY_BANDWIDTH_UTILIZATION = gpu_gauge("process_memory_bandwidth_utilization_ratio", "Share of the memory "
                                          "interface's time the process used.", ("pid",), unit="ratio",
                                          only_when=_NO_MIG_UTILIZATION)
@@ -84,11 +89,20 @@ def _read(r: DeviceReader) -> None:
                                 used_memory_bytes=process.usedGpuMemory, sm_utilization=sm,
                                 memory_bandwidth_utilization=memory, process_name=_name(r, pid),
                                 gpu_instance_id=None if instance in (None, _NO_INSTANCE) else instance)
-        r.processes.append(usage)
-        r.add(INFO, 1, pid=pid, process_name=usage.process_name)
-        r.add(MEMORY_USED, usage.used_memory_bytes, pid=pid)
-        r.add(SM_UTILIZATION, sm, pid=pid)
-        r.add(MEMORY_BANDWIDTH_UTILIZATION, memory, pid=pid)
+        r.processes.append(usage)  # its series come from emit(), once every GPU of the node is read
+
+
+def emit(out: Sink, usages: Iterable[GpuProcessUsage], limit: int) -> None:
+    """Per-process series for the `limit` (GPU, process) pairs holding the most device memory on the
+    node: a bound for the node, not per GPU, since pids churn series with every restart."""
+    ranked = sorted(usages, key=lambda u: (-(u.used_memory_bytes or 0), u.gpu, u.pid))
+    for usage in ranked[:limit]:
+        labels = {"gpu": usage.gpu, "uuid": usage.uuid, "pid": usage.pid}
+        out.add(INFO, 1, **labels, process_name=usage.process_name)
+        out.add(MEMORY_USED, usage.used_memory_bytes, **labels)
+        out.add(SM_UTILIZATION, usage.sm_utilization, **labels)
+        out.add(MEMORY_BANDWIDTH_UTILIZATION, usage.memory_bandwidth_utilization, **labels)
+    out.add(UNLISTED, max(0, len(ranked) - limit))
 
 
 AREA = Area("processes", read=_read)

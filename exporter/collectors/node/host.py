@@ -14,8 +14,10 @@ from exporter.snapshot import SampleSink
 
 NAME = "host"
 
-NODE_INFO = info("raypulse_node_info", "Identity of the node; join on instance for its name and OS.",
-                 collector=NAME, labels=("node", "hostname", "kernel_release", "os", "architecture"))
+# `node_name`, not `node`: the target's `node` label (from /sd or a relabeling) would rename it exported_node.
+NODE_INFO = info("raypulse_node_info", "Identity of the node (node_name: the exporter's node.name setting or the "
+                 "hostname); join on instance for its name and OS.",
+                 collector=NAME, labels=("node_name", "hostname", "kernel_release", "os", "architecture"))
 BOOT_TIME = gauge("raypulse_node_boot_time_seconds", "Unix time the node booted.", collector=NAME,
                   unit="seconds")
 
@@ -45,7 +47,7 @@ class HostCollector(BlockingCollector):
         os_release = (read_text(self._rootfs / "etc" / "os-release")
                       or read_text(self._rootfs / "usr" / "lib" / "os-release"))
         kernel = (read_text(self._procfs / "sys" / "kernel" / "osrelease") or platform.release()).strip()
-        out.add_info(NODE_INFO, node=self._node_name or hostname, hostname=hostname, kernel_release=kernel,
+        out.add_info(NODE_INFO, node_name=self._node_name or hostname, hostname=hostname, kernel_release=kernel,
                      os=os_pretty_name(os_release), architecture=platform.machine())
         for line in (read_text(self._procfs / "stat") or "").splitlines():
             if line.startswith("btime "):

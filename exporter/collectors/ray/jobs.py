@@ -37,7 +37,8 @@ def _job_gauge(name: str, help: str, labels: tuple[str, ...] = (), unit: str = "
 INFO = info("raypulse_job_info", "Who a Ray job is: type (SUBMISSION or DRIVER) and what the launcher put in its "
             "metadata (empty for jobs submitted otherwise).", collector=NAME,
             labels=(*JOB_LABELS, "type", "job_name", "run_id", "workspace", "user"), only_when=_HEAD)
-LABEL_INFO = info("raypulse_job_label_info", "One user label of a job (metadata raypulse.label.<key>).",
+LABEL_INFO = info("raypulse_job_label_info", f"One user label of a job (metadata {wire.META_LABEL_PREFIX}<key>): "
+                  f"at most {MAX_USER_LABELS} per job, values cut at {MAX_VALUE_LENGTH} characters.",
                   collector=NAME, labels=(*JOB_LABELS, "label_key", "label_value"), only_when="for jobs with labels")
 STATE = _job_gauge("state", "1 for the job's current state, 0 for the others (PENDING, RUNNING, STOPPED, "
                    "SUCCEEDED, FAILED).", ("state",))

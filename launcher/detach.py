@@ -1,0 +1,79 @@
+"""Runs submitted with `--no-wait`: the launcher submits the first attempt, prints the run id and
+leaves, as `ray job submit --no-wait` does. The cluster runs the job; no launcher process follows it.
+
+Only where the cluster outlives the command: an existing cluster, a kept local one (--keep-cluster,
+--cluster), KubeRay (which supervises its own RayJobs: backoffLimit, deadlines). A local cluster the
+command would tear down is refused before anything starts.
+
+What a supervisor does is then not done: retries, the health watcher, the launcher's deadlines. Asking
+for one of them together with --no-wait is refused (nothing would apply it); otherwise the run is
+recorded with one attempt and no watcher, as it will run. `launcher submit --run-id RUN_ID ...`
+without --no-wait supervises it later from where it is: submission is idempotent, so it follows the
+attempt it finds, then retries, watches and enforces deadlines as its spec asks.
+
+A detached run has no process that owns its record, so the commands that read it keep it up to date
+(`status`, and `logs`, `stop`, `down` through it): they copy the attempt's state from the cluster and,
+once it has ended, finish the run (state, exit code, its log saved beside the record).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from launcher.errors import BadInput
+from launcher.jobs import TERMINAL, JobsClient
+from launcher.journal import Journal
+from launcher.run import finish_run
+from launcher.spec import JobSpec
+from launcher.state import RunRecord, write_private
+
+SUPERVISED_LATER = ("`launcher submit --run-id RUN_ID ...` without --no-wait supervises a run submitted with it "
+                    "(retries, health, deadlines) from where it is")
+
+
+def _supervision_asked(spec: JobSpec) -> str | None:
+    """The first setting given explicitly that only a launcher following the run applies."""
+    if "max_retries" in spec.model_fields_set and spec.max_retries > 0:
+        return "max_retries"
+    for field in ("active_deadline_seconds", "pre_running_deadline_seconds"):
+        if getattr(spec, field) is not None:
+            return field
+    asked = sorted(spec.health.model_fields_set - {"enabled"}) if spec.health.enabled else []
+    return f"health.{asked[0]}" if asked else None
+
+
+def spec_for_no_wait(spec: JobSpec) -> JobSpec:
+    """The spec of a run submitted with --no-wait, or BadInput saying why it cannot be (nothing has
+    started yet)."""
+    backend = spec.resolved_backend
+    if backend == "kuberay":
+        return spec  # KubeRay supervises it: backoffLimit, activeDeadlineSeconds
+    if backend == "local" and not spec.keep_cluster:
+        raise BadInput("--no-wait: the local cluster this submit starts is torn down when the command returns, and "
+                       "the job with it; add --keep-cluster (stop it later with `launcher down RUN_ID`), or submit to "
+                       "a running cluster (--cluster NAME from `launcher up`, or --address URL)")
+    asked = _supervision_asked(spec)
+    if asked is not None:
+        raise BadInput(f"--no-wait: {asked} needs the launcher to follow the run, and with --no-wait none does "
+                       f"(no retries, health watching or deadlines after submit returns); drop {asked}, or leave "
+                       f"--no-wait out. {SUPERVISED_LATER}")
+    return spec.model_copy(update={"max_retries": 0, "health": spec.health.model_copy(update={"enabled": False})})
+
+
+def catch_up(record: RunRecord, client: JobsClient) -> None:
+    """A detached run's record after its attempts were refreshed from `client`: its state, and once
+    its latest attempt has ended, the run finished with that attempt's state and every log saved."""
+    latest = record.attempts[-1] if record.attempts else None
+    if latest is None or record.exit_code is not None:
+        return
+    if latest.status not in TERMINAL:
+        if record.state != latest.status:
+            record.state = latest.status
+            record.save()
+        return
+    for attempt in record.attempts:
+        path = record.attempt_log(attempt.attempt)
+        if attempt.status in TERMINAL and not path.exists():
+            with contextlib.suppress(Exception):  # the log is a courtesy; the run's result stands
+                write_private(path, client.logs(attempt.submission_id))  # 0600: a log may print secrets
+    finish_run(Journal(record=record), latest.status, latest.message if latest.status == "FAILED" else None)

@@ -1,0 +1,79 @@
+"""The report's charts as plotly.js figure specs (plain dicts: data, layout): the page draws them
+with the plotly.js it carries inline, so nothing here imports plotly's Python side.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.report.data import Curve
+from launcher.state import RunRecord
+
+STATUS_COLOURS = {"SUCCEEDED": "#2e7d32", "FAILED": "#c62828", "STOPPED": "#757575", "RUNNING": "#1565c0",
+                  "PENDING": "#f9a825", "UNHEALTHY": "#6a1b9a"}
+
+
+@dataclass
+class Chart:
+    id: str  # the element id: chart-<id>
+    title: str
+    figure: dict[str, Any]
+
+
+def _layout(title: str, unit: str, *, percent: bool = False, height: int = 340) -> dict[str, Any]:
+    yaxis: dict[str, Any] = {"title": {"text": unit}, "rangemode": "tozero", "automargin": True}
+    if percent:
+        yaxis.update(tickformat=".0%", range=[0, 1.05])
+    return {"title": {"text": title, "x": 0.01, "font": {"size": 15}}, "height": height,
+            "margin": {"l": 60, "r": 20, "t": 40, "b": 30}, "xaxis": {"type": "date"},
+            "yaxis": yaxis, "legend": {"orientation": "h", "y": -0.15, "yanchor": "top"}, "hovermode": "x unified",
+            "paper_bgcolor": "#ffffff", "plot_bgcolor": "#fafafa"}
+
+
+def lines(chart_id: str, title: str, unit: str, found: list[Curve], *, percent: bool = False,
+          bytes_axis: bool = False) -> Chart | None:
+    """One line per curve; None when there is nothing to draw (the page says so instead)."""
+    drawn = [c for c in found if c.x]
+    if not drawn:
+        return None
+    data = [{"type": "scatter", "mode": "lines+markers" if len(c.x) < 3 else "lines", "name": c.name,
+             "x": c.x, "y": [v if math.isfinite(v) else None for v in c.y]} for c in drawn]
+    layout = _layout(title, unit, percent=percent)
+    if bytes_axis:
+        layout["yaxis"]["tickformat"] = ".3s"
+    return Chart(chart_id, title, {"data": data, "layout": layout})
+
+
+def attempts(record: RunRecord, events: list[dict[str, Any]]) -> Chart | None:
+    """The attempts as bars from submission to end (coloured by status, labelled with the exit
+    code), with the run's heal and retry events as markers on their own row."""
+    now = time.time()
+    bars = []
+    for attempt in record.attempts:
+        start = attempt.submitted_at or attempt.running_at
+        if start is None:
+            continue
+        end = attempt.ended_at or (record.finished_at if record.exit_code is not None else None) or now
+        label = attempt.status + (f" (exit {attempt.driver_exit_code})" if attempt.driver_exit_code is not None else "")
+        bars.append({"type": "bar", "orientation": "h", "name": f"attempt {attempt.attempt}: {label}",
+                     "y": [f"attempt {attempt.attempt}"], "base": [start * 1000], "x": [max(end - start, 0.5) * 1000],
+                     "text": [label], "textposition": "inside", "insidetextanchor": "middle",
+                     "marker": {"color": STATUS_COLOURS.get(attempt.status, "#90a4ae")},
+                     "hovertemplate": f"attempt {attempt.attempt}: {label}, {end - start:.0f} s<extra></extra>"})
+    if not bars:
+        return None
+    marks = [e for e in events if e["kind"].startswith(("health.", "node.", "retry.", "run.resume"))]
+    if marks:
+        bars.append({"type": "scatter", "mode": "markers", "name": "events", "y": ["events"] * len(marks),
+                     "x": [e["time"] * 1000 for e in marks], "text": [f"{e['kind']}: {e.get('message') or ''}"
+                                                                    for e in marks],
+                     "hovertemplate": "%{text}<extra></extra>", "marker": {"size": 11, "symbol": "diamond",
+                                                                           "color": "#ef6c00"}})
+    layout = _layout("Attempts", "", height=170 + 40 * len(record.attempts))
+    layout["yaxis"] = {"autorange": "reversed", "type": "category", "automargin": True}
+    layout["hovermode"] = "closest"
+    layout["barmode"] = "overlay"
+    return Chart("attempts", "Attempts", {"data": bars, "layout": layout})
