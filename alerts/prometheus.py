@@ -44,7 +44,8 @@ def config(*, sd_url: str | None = None, targets: Sequence[Target] = (), labels:
         # One group per target, so each gets a `node` label (the target itself unless given):
         # inhibition by node needs one on every series.
         groups = [(target, {}) if isinstance(target, str) else target for target in targets]
-        job["static_configs"] = [{"targets": [target], "labels": {"node": target, **(labels or {}), **own}}
+        job["static_configs"] = [{"targets": [target], "labels": {alerts_config.labels.node: target, **(labels or {}),
+                                                                  **own}}
                                  for target, own in groups]
     if relabel_configs:
         job["relabel_configs"] = [dict(item) for item in relabel_configs]

@@ -236,6 +236,12 @@ def assets(output: Path) -> None:
                              "[default: raypulse-exporter].")
 @click.option("--image", metavar="IMAGE", help="Exporter image [default: ghcr.io/raypulse/raypulse-exporter:VERSION].")
 @click.option("--cluster", help="Value of the cluster label of every series [default: default].")
+@click.option("--cluster-label", help="Name of the cluster label (the label contract, exporter/labels.py), e.g. "
+                                    "ray_io_cluster as KubeRay names it [default: cluster].")
+@click.option("--node-label", help="Name of the node label [default: node].")
+@click.option("--scrape-job", help="The job label of the exporters' series, which the alert rules select "
+                                   "[default: raypulse].")
+@click.option("--runbook-base", metavar="URL", help="Where the alerts' runbook links point [default: the project's].")
 @click.option("--runtime-class", metavar="NAME",
               help="runtimeClassName of the pods, e.g. nvidia where the NVIDIA runtime is not the default one.")
 @click.option("--priority-class", metavar="NAME",

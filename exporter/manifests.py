@@ -4,7 +4,8 @@
 In apply order: a DaemonSet (the host's PID namespace, /proc, /sys and / mounted read-only and
 passed as --procfs/--sysfs/--rootfs, every GPU of the node through the NVIDIA container runtime, the
 kubelet's pod-resources socket, tolerations, a priority class), a headless Service, a ServiceMonitor
-whose relabelings give every series the `node` and `cluster` labels and the scrape job the alert
+whose relabelings give every series the `node` and `cluster` labels (or the names of another label
+contract, exporter/labels.py, with the rules and dashboards following it) and the scrape job the alert
 rules select, a PrometheusRule holding alerts/rules/*.yaml, and one ConfigMap per Grafana dashboard
 (`grafana_dashboard: "1"`, what kube-prometheus-stack's Grafana sidecar loads). Every object carries
 the namespace and, with `release`, the `release` label kube-prometheus-stack's Prometheus selects.
@@ -24,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from alerts.config import DEFAULT as ALERTS_CONFIG
 from exporter import __version__, assets, wire
+from exporter.labels import DEFAULT_CLUSTER, DEFAULT_NODE, DEFAULT_RUNBOOK_BASE, DEFAULT_SCRAPE_JOB, LabelContract
 
 DEFAULT_IMAGE = f"ghcr.io/raypulse/raypulse-exporter:{__version__}"
 DEFAULT_NAMESPACE = "monitoring"
@@ -51,7 +52,6 @@ DEFAULT_RESOURCES: Mapping[str, Mapping[str, str]] = {
 }
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_PROM_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,13 @@ class Options:
     name: str = DEFAULT_NAME  # of the DaemonSet and Service; the other objects' names start with it
     image: str = DEFAULT_IMAGE
     cluster: str = "default"  # the value of the cluster label on every series
-    cluster_label: str = "cluster"  # label names as the head exporter's /sd gives them
-    node_label: str = "node"
-    scrape_job: str = ALERTS_CONFIG.scrape_job  # the `job` the alert rules select (alerts/config.py)
+    # The label contract (exporter/labels.py), as alerts.build and dashboards.build take it: the label
+    # names (as the head exporter's /sd gives them by default), the `job` the alert rules select, and
+    # where the rules' runbook links point. The PrometheusRule and the dashboards follow it.
+    cluster_label: str = DEFAULT_CLUSTER
+    node_label: str = DEFAULT_NODE
+    scrape_job: str = DEFAULT_SCRAPE_JOB
+    runbook_base: str = DEFAULT_RUNBOOK_BASE
     scrape_interval: str = "15s"
     runtime_class: str | None = None  # e.g. "nvidia" where the NVIDIA runtime is not containerd's default
     priority_class: str | None = "system-node-critical"
@@ -84,9 +88,12 @@ class Options:
                                          or not _LABEL_VALUE.match(self.release)):
             raise ValueError(f"release {self.release!r} is not a Kubernetes label value (at most 63 characters: "
                              "letters, digits, '-', '_', '.', starting and ending alphanumeric)")
-        for what, value in (("cluster label", self.cluster_label), ("node label", self.node_label)):
-            if not _PROM_LABEL.match(value) or value.startswith("__"):
-                raise ValueError(f"{what} {value!r} is not a Prometheus label name")
+        self.labels  # noqa: B018 -- validates the label names
+
+    @property
+    def labels(self) -> LabelContract:
+        return LabelContract(cluster=self.cluster_label, node=self.node_label, scrape_job=self.scrape_job,
+                             runbook_base=self.runbook_base)
 
 
 def _labels(options: Options) -> dict[str, str]:
@@ -217,9 +224,9 @@ def relabelings(options: Options) -> list[dict[str, Any]]:
     """The labels rules and dashboards select on, as /sd gives them outside Kubernetes; applied after
     the operator's own, so they also replace its `job` (the Service's name)."""
     return [
-        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": options.node_label},
-        {"action": "replace", "targetLabel": options.cluster_label, "replacement": options.cluster},
-        {"action": "replace", "targetLabel": wire.SD_JOB_LABEL, "replacement": options.scrape_job},
+        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": options.labels.node},
+        {"action": "replace", "targetLabel": options.labels.cluster, "replacement": options.cluster},
+        {"action": "replace", "targetLabel": wire.SD_JOB_LABEL, "replacement": options.labels.scrape_job},
     ]
 
 
@@ -238,7 +245,9 @@ def service_monitor(options: Options) -> dict[str, Any]:
 
 
 def prometheus_rule(options: Options) -> dict[str, Any]:
-    groups = [group for text in assets.rule_files().values() for group in yaml.safe_load(text)["groups"]]
+    contract = options.labels  # the shipped files use the default contract
+    docs = [yaml.safe_load(text) for text in assets.rule_files().values()]
+    groups = [group for doc in docs for group in (doc if contract.is_default else contract.rule_file(doc))["groups"]]
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -255,7 +264,10 @@ def dashboard_configmaps(options: Options) -> list[dict[str, Any]]:
                              annotations={DASHBOARD_FOLDER_ANNOTATION: "raypulse"})
         metadata["labels"][DASHBOARD_LABEL] = "1"
         # Compact: `kubectl apply` (client side) keeps a copy in an annotation of at most 256 KiB.
-        compact = json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)
+        dashboard = json.loads(text)
+        if not options.labels.is_default:
+            dashboard = options.labels.dashboard(dashboard)
+        compact = json.dumps(dashboard, separators=(",", ":"), ensure_ascii=False)
         maps.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {file_name: compact}})
     return maps
 

@@ -248,7 +248,8 @@ def spec_options(func: Callable) -> Callable:
         click.option("--token-path", type=click.Path(path_type=Path), help="Ray auth token file of --address."),
         click.option("--namespace", help="Kubernetes namespace [default]."),
         click.option("--queue", help="Kueue LocalQueue (adds kueue.x-k8s.io/queue-name)."),
-        click.option("--exporter-image", help="Exporter sidecar image on Kubernetes [--image]."),
+        click.option("--exporter-image", help="Exporter sidecar image on Kubernetes [the raypulse exporter image "
+                     "of this version]."),
         click.option("--exporter-web-config", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
                      help="TLS and basic auth of the local cluster's exporters (exporter-toolkit web config)."),
         click.option("--exporter-web-config-secret", metavar="SECRET",

@@ -181,7 +181,8 @@ class JobSpec(_Strict):
     token_path: Path | None = Field(None, description="file holding the Ray auth token of an existing cluster")
     namespace: str = Field("default", description="Kubernetes namespace")
     queue: str | None = Field(None, description="Kueue LocalQueue name")
-    exporter_image: str | None = Field(None, description="exporter sidecar image (default: image)")
+    exporter_image: str | None = Field(None, description="exporter sidecar image (default: the raypulse "
+                                        "exporter image of this version, exporter/manifests.py DEFAULT_IMAGE)")
     exporter_web_config: Path | None = Field(None, description="web config file (TLS, basic auth; exporter-toolkit "
                                              "format) of the local cluster's exporters, checked before anything "
                                              "starts (docs/deploy.md)")

@@ -187,3 +187,36 @@ async def test_readiness_waits_for_every_collector_to_run_once():
     finally:
         slow.release.set()
         await exporter.stop()
+
+
+def nvml_works_here() -> bool:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+def test_readiness_says_what_the_exporter_cannot_see(start_exporter):
+    """A real exporter with no GPU visibility and no Ray process in view (the sidecar without
+    shareProcessNamespace or the NVIDIA runtime's GPUs) is ready, and its /readyz body says why it
+    serves no GPU or Ray process series; what it does see gets no line."""
+    blind = start_exporter("--progress-listen", "off", "--ray-role", "worker",
+                           "--ray-node-id", "f" * 56)  # a node that is nowhere: no raylet to watch
+    status, _, body = blind.get("/readyz")
+    lines = body.decode().splitlines()
+    assert status == 200
+    assert lines[0] == "ready"
+    assert [line for line in lines if line.startswith("ray_processes: no Ray processes visible (")]
+    gpu = [line for line in lines if line.startswith("gpu: NVML not available (")]
+    if not nvml_works_here():  # the GPU line names NVML's error
+        assert gpu
+        assert "library_not_found" in gpu[0] or "driver_not_loaded" in gpu[0] or "no_permission" in gpu[0]
+
+    seeing = start_exporter("--progress-listen", "off", "--simulate-gpus", "1", "--no-collector.ray_processes")
+    status, _, body = seeing.get("/readyz")
+    assert status == 200
+    assert body.decode() == "ready\n"

@@ -1,14 +1,18 @@
 """The KubeRay manifests: the RayJob validates against KubeRay's v1 CRD schema (vendored under
 tests/data/kuberay/, strictly: unknown fields fail) and follows KubeRay's own validation rules; the
-exporter runs beside Ray in every pod and a PodMonitor scrapes it. No Kubernetes cluster needed."""
+exporter runs beside Ray in every pod (its own image, the Ray container's processes and GPUs in view,
+its command line accepted by a real exporter) and a PodMonitor, valid against prometheus-operator's
+CRD, scrapes it with the labels the rules and dashboards use. No Kubernetes cluster needed."""
 
 from __future__ import annotations
 
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +20,19 @@ import jsonschema
 import pytest
 import yaml
 
+from alerts.config import DEFAULT as ALERTS_CONFIG
+from exporter import __version__
+from exporter.manifests import Options
 from launcher.kuberay import render
 from launcher.spec import build_spec
-from tests.conftest import REPO
+from scripts.ports import free_port
+from tests.conftest import REPO, http_get, wait_until
 from tests.schemas import strict
 
-SCHEMA_FILE = Path(__file__).parent / "data" / "kuberay" / "rayjob-v1-openapi.json"
+DATA = Path(__file__).parent / "data"
+SCHEMA_FILE = DATA / "kuberay" / "rayjob-v1-openapi.json"
+POD_MONITOR_SCHEMA = DATA / "prometheus-operator" / "podmonitor-v1-openapi.json"
+K8S_DEFINITIONS = DATA / "kubernetes" / "definitions-v1.36.json"
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +225,7 @@ def test_a_web_config_secret_is_mounted_into_every_sidecar(validator):
         volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
         assert volume["secret"]["secretName"] == "raypulse-web"
         assert all(mount["name"] not in {m["name"] for m in c.get("volumeMounts", [])}
-                   for c in pod["spec"]["containers"] if c is not sidecar)  # the Ray container never sees it
+                   for c in pod["spec"]["containers"] if c is not sidecar)  # not mounted into the Ray container
         for probe in ("readinessProbe", "livenessProbe"):
             assert sidecar[probe]["httpGet"]["scheme"] == "HTTPS"
     endpoint = pod_monitor["spec"]["podMetricsEndpoints"][0]
@@ -245,3 +256,148 @@ def test_the_render_flag_names_the_secret_and_a_local_file_is_refused(tmp_path: 
     assert result.returncode == 2
     assert "exporter_web_config: applies to backend local only" in result.stderr
     assert "exporter_web_config_secret" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def pod_monitor_validator() -> jsonschema.Draft7Validator:
+    schema = strict(json.loads(POD_MONITOR_SCHEMA.read_text()))
+    return jsonschema.Draft7Validator(schema, format_checker=jsonschema.FormatChecker())
+
+
+@pytest.fixture(scope="module")
+def pod_template_validator() -> jsonschema.Draft4Validator:
+    """Kubernetes' own PodTemplateSpec (tests/data/kubernetes/), stricter than the CRD's copy of it."""
+    definitions = json.loads(K8S_DEFINITIONS.read_text())["definitions"]
+    definitions["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {"type": ["integer", "string"]}
+    definitions["io.k8s.apimachinery.pkg.api.resource.Quantity"] = {"type": ["string", "number"]}
+    schema = {"$ref": "#/definitions/io.k8s.api.core.v1.PodTemplateSpec", "definitions": strict(definitions)}
+    return jsonschema.Draft4Validator(schema)
+
+
+def env_of(container: dict) -> dict[str, Any]:
+    return {env["name"]: env.get("value", env.get("valueFrom")) for env in container["env"]}
+
+
+def test_the_sidecar_runs_the_exporter_image_with_its_entrypoint():
+    _, rayjob, _ = manifests()
+    dockerfile = (REPO / "Dockerfile").read_text()
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    for _, sidecar in sidecars(rayjob):
+        assert sidecar["image"] == f"ghcr.io/raypulse/raypulse-exporter:{__version__}"  # docs/kubernetes.md's name
+        assert sidecar["command"] == ["exporter"]
+        assert 'ENTRYPOINT ["exporter"]' in dockerfile
+        assert scripts["exporter"] == "exporter.cli:main"
+        args = sidecar["args"]
+        assert args[0] == "serve"
+        assert args[args.index("--cluster") + 1] == "$(RAYPULSE_RAY_CLUSTER)"  # the kubelet expands it
+        assert args[args.index("--progress-listen") + 1] == "127.0.0.1:9478"
+        env = env_of(sidecar)
+        assert env["RAYPULSE_RAY_CLUSTER"] == {"fieldRef": {"fieldPath": "metadata.labels['ray.io/cluster']"}}
+        assert env["RAYPULSE_EXPORTER_NODE__NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    _, overridden, _ = manifests(exporter_image="registry.example.com/raypulse:dev")
+    assert {sidecar["image"] for _, sidecar in sidecars(overridden)} == {"registry.example.com/raypulse:dev"}
+
+
+def test_the_sidecar_sees_the_ray_containers_processes_and_gpus(pod_template_validator):
+    _, rayjob, _ = manifests()
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    for pod, sidecar in sidecars(rayjob):
+        assert not list(pod_template_validator.iter_errors(pod))
+        assert pod["spec"]["shareProcessNamespace"] is True
+        assert "hostPID" not in pod["spec"]
+        assert not {"requests", "limits"} & {key for key, amounts in sidecar["resources"].items()
+                                              if "nvidia.com/gpu" in amounts}
+    gpu_pod, cpu_pod = (group["template"] for group in cluster["workerGroupSpecs"])
+    gpu_sidecar, cpu_sidecar, head_sidecar = (
+        next(c for c in pod["spec"]["containers"] if c["name"] == "raypulse-exporter")
+        for pod in (gpu_pod, cpu_pod, cluster["headGroupSpec"]["template"]))
+    # GPUs: every GPU of the node, read-only (NVML's `utility`), without a GPU request of its own.
+    assert env_of(gpu_sidecar)["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env_of(gpu_sidecar)["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert "--disable-collector" not in gpu_sidecar["args"]
+    for sidecar in (cpu_sidecar, head_sidecar):  # no GPUs in the Ray container: none for the sidecar either
+        assert "NVIDIA_VISIBLE_DEVICES" not in env_of(sidecar)
+        disabled = [sidecar["args"][i + 1] for i, arg in enumerate(sidecar["args"]) if arg == "--disable-collector"]
+        assert disabled == ["gpu", "gpu_events"]
+
+
+def test_the_pod_monitor_validates_and_relabels_to_the_label_contract(pod_monitor_validator):
+    _, _, pod_monitor = manifests()
+    assert not list(pod_monitor_validator.iter_errors(pod_monitor))
+    assert "release" not in pod_monitor["metadata"]["labels"]
+    options = Options()
+    rules = {rule["targetLabel"]: rule for rule in pod_monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+    assert rules[options.cluster_label]["sourceLabels"] == ["__meta_kubernetes_pod_label_ray_io_cluster"]
+    assert rules[options.node_label]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
+    assert rules["job"]["replacement"] == ALERTS_CONFIG.scrape_job
+    released = render(build_spec({**FULL_JOB}), release="kube-prometheus-stack")[2]
+    assert released["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert not list(pod_monitor_validator.iter_errors(released))
+    _, _, tls = manifests(exporter_web_config_secret="raypulse-web")
+    assert not list(pod_monitor_validator.iter_errors(tls))
+
+
+def test_the_strict_pod_monitor_schema_catches_a_misspelt_field(pod_monitor_validator):
+    _, _, pod_monitor = manifests()
+    pod_monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["sourcelabels"] = ["x"]
+    messages = [error.message for error in pod_monitor_validator.iter_errors(pod_monitor)]
+    assert any("'sourcelabels' was unexpected" in message for message in messages)
+
+
+def kubelet_env(container: dict, fields: dict[str, str], secrets: dict[str, str]) -> dict[str, str]:
+    """The container's environment as the kubelet makes it: downward API fields and Secret keys."""
+    env = {}
+    for item in container["env"]:
+        source = item.get("valueFrom", {})
+        if "fieldRef" in source:
+            env[item["name"]] = fields[source["fieldRef"]["fieldPath"]]
+        elif "secretKeyRef" in source:
+            env[item["name"]] = secrets[source["secretKeyRef"]["key"]]
+        else:
+            env[item["name"]] = item["value"]
+    return env
+
+
+def test_a_real_exporter_runs_the_sidecars_command_line(tmp_path: Path):
+    """The rendered command and arguments, `$(VAR)` expanded as the kubelet does, start an exporter
+    that takes its node and cluster from the downward API and says on /readyz what it cannot see."""
+    port, progress = free_port(), free_port()
+    secret, rayjob, _ = manifests(exporter_port=port, progress_port=progress)
+    sidecar = sidecars(rayjob)[0][1]  # the head's
+    fields = {"metadata.labels['ray.io/cluster']": "llm-sft-0001-x7k2p", "spec.nodeName": "gpu-node-7",
+              "metadata.name": "llm-sft-0001-x7k2p-head-abcde", "metadata.namespace": "ml", "metadata.uid": "u-1"}
+    env = kubelet_env(sidecar, fields, secret["stringData"])
+    args = [re.sub(r"\$\((\w+)\)", lambda match: env[match.group(1)], arg) for arg in sidecar["args"]]
+    args[args.index("--listen") + 1] = f"127.0.0.1:{port}"  # the pod's 0.0.0.0, kept off this machine's interfaces
+    entrypoint = Path(sys.executable).parent / sidecar["command"][0]  # the console script the image runs
+    log = tmp_path / "sidecar.log"
+    process = subprocess.Popen([str(entrypoint), *args], cwd=tmp_path, stdout=log.open("wb"),
+                               stderr=subprocess.STDOUT, env={**os.environ, **env})
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            try:
+                return http_get(url + "/readyz")[0] == 200
+            except OSError:  # not listening yet
+                return False
+
+        wait_until(lambda: process.poll() is not None or ready(), 20, "the sidecar to become ready")
+        assert process.poll() is None, log.read_text()
+        # Ready once every collector ran; the rendering that holds them all follows: the node's name
+        # from the downward API, in the host collector's raypulse_node_info.
+        wait_until(lambda: 'node_name="gpu-node-7"' in http_get(url + "/metrics")[2].decode(), 10,
+                   "a rendering with the node's name")
+        wait_until(lambda: "raypulse_ray_local_raylets" in http_get(url + "/metrics")[2].decode(), 10,
+                   "a rendering with the ray collector's")
+        body = http_get(url + "/readyz")[2].decode()
+        metrics = http_get(url + "/metrics")[2].decode()
+        assert body.startswith("ready\n")
+        assert 'collector="gpu"' not in metrics  # the head's sidecar does not look for GPUs
+        assert "gpu:" not in body
+        if "raypulse_ray_local_raylets 0.0" in metrics:  # no Ray on this machine: the sidecar says so
+            assert "ray_processes: no Ray processes visible (" in body
+    finally:
+        process.terminate()
+        process.wait(10)
