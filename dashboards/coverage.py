@@ -19,7 +19,6 @@ from pathlib import Path
 
 import yaml
 
-from alerts.prometheus import rule_files
 from dashboards import promql
 from dashboards.provisioner import JSON_DIR
 from dashboards.selectors import catalog
@@ -42,8 +41,8 @@ def dashboard_expressions(json_dir: Path = JSON_DIR) -> list[str]:
 
 def alert_expressions(rules_dir: Path = ALERT_RULES) -> list[str]:
     expressions = []
-    # The default rule files only: the opt-in dcgm-compat.yml translates families, nobody reads them there.
-    for path in rule_files(rules_dir):
+    # The default rule files (*.yaml) only: the opt-in dcgm-compat.yml translates families, it reads none.
+    for path in sorted(rules_dir.glob("*.yaml")):
         for group in (yaml.safe_load(path.read_text()) or {}).get("groups", []):
             expressions += [str(rule["expr"]) for rule in group.get("rules", [])]
     return expressions

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from dashboards import node_exporter
+from exporter import node_exporter
 from exporter.catalog import CATALOG, MetricSpec
 from exporter.collector import load_collectors
 
@@ -22,7 +22,7 @@ from exporter.collector import load_collectors
 TARGET_LABELS = frozenset({"job", "instance", "cluster", "node", "role", "ray_node_id"})
 # Series that are not ours but that dashboards read: Prometheus's own, with the labels we filter on.
 # ALERTS keeps the labels of the alert's expression; ours keep these where the expression has them.
-# node_exporter's get the same target labels from /sd (dashboards/node_exporter.py).
+# node_exporter's get the same target labels from /sd (exporter/node_exporter.py).
 FOREIGN = {"up": TARGET_LABELS,
            "ALERTS": frozenset({"cluster", "node", "gpu", "submission_id", "alertname", "alertstate", "severity",
                                 "scope"}),

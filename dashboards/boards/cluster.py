@@ -3,10 +3,10 @@ a GPU utilization heat map on top; then resources, nodes, and the exporters' own
 
 from __future__ import annotations
 
-from dashboards import node_exporter
 from dashboards.boards.common import NOT_IDLE, UID_CLUSTER, UID_JOB, UID_NODE, rate, to_gpu, to_node
 from dashboards.model import Board, Link, Panel, Row, Target
 from dashboards.selectors import Scope
+from exporter import node_exporter
 
 S = Scope("cluster")
 CRITICAL_XIDS = "48|61|62|63|64|74|79|92|94|95|119|120|140"  # as alerts/: reset or service needed
@@ -20,7 +20,7 @@ def _table_link(uid: str, variable: str, column: str, title: str) -> Link:
 
 
 def _either(ours: str, theirs: str) -> str:
-    """Per node, raypulse's node series or node_exporter's (dashboards/node_exporter.py)."""
+    """Per node, raypulse's node series or node_exporter's (exporter/node_exporter.py)."""
     return node_exporter.either(ours, theirs, S("raypulse_exporter_build_info"))
 
 
