@@ -36,7 +36,7 @@ demo: install system-deps
 test: install system-deps lint
 	$(PY) -m pytest
 
-# The quick lane (about a minute): everything but the tests that start Ray or a whole Prometheus stack.
+# The quick lane (about 3 minutes on 2 cores): everything but the tests that start Ray or a whole Prometheus stack.
 test-quick: install system-deps lint
 	$(PY) -m pytest -m "not ray and not slow"
 

@@ -70,6 +70,7 @@ class Tune:
     skip: Duration | None = None  # the newest part left out of the baseline
     rate_window: Duration | None = None
     min_age: Duration | None = None  # younger objects have no baseline yet
+    duration: Duration | None = None  # how long one operation may take (an RL weight sync)
     # numbers
     ratio: float | None = None
     errors: float | None = None
@@ -79,6 +80,8 @@ class Tune:
     available_ratio: float | None = None
     stalled_ratio: float | None = None
     busy_ratio: float | None = None
+    factor: float | None = None  # times its own usual (an RL phase against its last iteration's time)
+    kl: float | None = None  # an RL policy's KL divergence from its reference
 
     @property
     def params(self) -> dict[str, Duration | float]:
@@ -152,6 +155,12 @@ TUNING: dict[str, Tune] = {
     "RaypulseTrainingLossSpike": tune("2m", baseline="1h", skip="5m", zscore=6.0),
     "RaypulseTrainingCheckpointTooOld": tune("0s", age="2h"),
     "RaypulseTrainingStragglerRank": tune("10m", window="10m", ratio=0.5),  # rank speed vs. the job's median
+    # RL post-training (what an RL loop reports through progress.phase / progress.report_iteration)
+    "RaypulseRLRewardCollapsed": tune("10m", window="10m", baseline="1h", skip="10m", zscore=3.0),
+    "RaypulseRLKLHigh": tune("10m", kl=0.5),  # per-token KL of a healthy run is usually well under 0.1
+    "RaypulseRLResponsesTruncated": tune("15m", ratio=0.20),  # share of responses cut at the length limit
+    "RaypulseRLPhaseStalled": tune("1m", age="30m", factor=5.0),  # running > max(age, factor x last iteration's)
+    "RaypulseRLWeightSyncSlow": tune("10m", duration="2m"),
     # the exporter itself
     "RaypulseExporterDown": tune("1m"),
     "RaypulseExporterAbsent": tune("10m"),

@@ -25,6 +25,21 @@ launcher gave the attempt (RAYPULSE_PROGRESS_TOKEN), else one derived from the R
 process can read it.
 `samples` and `tokens` are per call; the client sends running totals, so a dropped report loses
 nothing but its own point in time. See docs/progress.md for the wire format.
+
+RL post-training loops time their phases and report each iteration:
+
+    for iteration in range(iterations):
+        with progress.phase("generate"):
+            batch = generate(prompts)
+        with progress.phase("train"):
+            stats = train(batch)
+        with progress.phase("weight_sync"):
+            sync_weights()
+        progress.report_iteration(iteration, rollouts=len(batch), generated_tokens=batch.tokens,
+                                  reward_mean=stats.reward_mean, kl=stats.kl, truncated_ratio=stats.truncated)
+
+A phase sends a report when it starts and when it ends (a phase that never ends is how an RL hang
+shows); phase seconds, rollouts and tokens travel as running totals like samples.
 """
 
 from __future__ import annotations
@@ -36,6 +51,7 @@ import logging
 import math
 import os
 import queue
+import re
 import socket
 import sys
 import threading
@@ -48,14 +64,15 @@ from urllib.parse import urlsplit
 
 from exporter import wire
 
-__all__ = ["checkpoint", "checkpoint_dir", "checkpoint_saved", "flush", "ray_train_report", "report", "resume_from",
-           "stats"]
+__all__ = ["checkpoint", "checkpoint_dir", "checkpoint_saved", "flush", "phase", "ray_train_report", "report",
+           "report_iteration", "resume_from", "stats"]
 
 ENV_URL = wire.ENV_PROGRESS_URL
 DEFAULT_URL = f"http://127.0.0.1:{wire.PROGRESS_PORT}"
 PATH = wire.PROGRESS_PATH
 QUEUE_SIZE = 1000
 BATCH_SIZE = 100  # reports per request (the endpoint takes up to 256)
+MAX_REQUEST_BYTES = 48 * 1024  # a request's body at most (the endpoint's progress.max_body_bytes is 64 KiB)
 TIMEOUT_SECONDS = 2.0
 MAX_BACKOFF_SECONDS = 30.0
 EXIT_FLUSH_SECONDS = 1.0
@@ -158,6 +175,50 @@ class _Identity:
         return None
 
 
+class _PhaseClock:
+    """One named RL phase of one rank: wall seconds in all, in the iteration under way and in the last one."""
+
+    __slots__ = ("current", "last", "running", "since", "total")
+
+    def __init__(self) -> None:
+        self.total = self.current = 0.0
+        self.last: float | None = None
+        self.since: float | None = None  # unix time the phase started, while it runs
+        self.running = 0  # runs of it under way (threads may overlap)
+
+    def wire(self) -> dict[str, float]:
+        entry = {"seconds_total": round(self.total, 6)}
+        if self.last is not None:
+            entry["iteration_seconds"] = round(self.last, 6)
+        if self.since is not None:
+            entry["running_since"] = self.since
+        return entry
+
+
+class _RL:
+    """A rank's RL phases (at most wire.RL_MAX_PHASES) and its iteration count."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, _PhaseClock] = {}
+        self.iterations = 0
+        self.warned = False
+
+    def clock(self, name: str) -> _PhaseClock | None:
+        clock = self.phases.get(name)
+        if clock is None and len(self.phases) < wire.RL_MAX_PHASES:
+            clock = self.phases[name] = _PhaseClock()
+        return clock
+
+    def wire(self) -> dict[str, dict[str, float]]:
+        return {name: clock.wire() for name, clock in self.phases.items()}
+
+
+def _rl_name(name: Any) -> str | None:
+    """A phase or reward-source name the endpoint accepts: other characters become _, cut to 40."""
+    text = re.sub(r"[^A-Za-z0-9_.:-]", "_", str(name))[:wire.RL_NAME_MAX_LENGTH]
+    return text or None
+
+
 class _Client:
     """One per process (re-made after a fork): the queue, the totals, and the sender thread."""
 
@@ -167,6 +228,10 @@ class _Client:
         self.queue: queue.Queue[dict[str, Any]] = queue.Queue(QUEUE_SIZE)
         self.identity = _Identity()
         self.totals: dict[tuple[int, str], int] = {}  # (rank, "samples"/"tokens") -> running total
+        self.rl: dict[int, _RL] = {}  # by rank
+        # RL state; held from changing it to queueing the report, so reports queue in the order of the
+        # states they carry (running totals never go back), whichever threads time phases
+        self.rl_lock = threading.Lock()
         self.sent = self.dropped = self.rejected = 0
         self.last_ok = False
         self._lock = threading.Lock()  # counters and totals; held for microseconds
@@ -190,6 +255,22 @@ class _Client:
             total = self.totals.get((rank, name), 0) + int(amount)
             self.totals[(rank, name)] = total
             return total
+
+    def rl_rank(self, rank: int) -> _RL:
+        """The rank's RL state; call with rl_lock held."""
+        state = self.rl.get(rank)
+        if state is None:
+            state = self.rl[rank] = _RL()
+        return state
+
+    def over_limit(self, state: _RL, what: str, name: str) -> None:
+        """A phase or reward source past the bound: not reported; counted, and said once per rank."""
+        with self._lock:
+            self.dropped += 1
+        if not state.warned:
+            state.warned = True
+            log.warning("raypulse progress: %s %r not reported: at most %d phases and %d reward sources per rank",
+                        what, name, wire.RL_MAX_PHASES, wire.RL_MAX_SOURCES)
 
     def _start(self) -> None:
         with self._lock:
@@ -243,13 +324,14 @@ class _Client:
             token = _token(owner)
             if token:
                 headers["Authorization"] = f"Bearer {token}"
-            connection.request("POST", path, json.dumps({"reports": entries}, allow_nan=False).encode(), headers)
-            response = connection.getresponse()
-            detail = response.read(2048)
-            if response.status >= 400:
-                log.warning("raypulse progress: the exporter refused %d report(s): %s %s", len(entries),
-                            response.status, detail.decode(errors="replace")[:500])
-            worst = max(worst, response.status)
+            for count, body in _bodies(entries):
+                connection.request("POST", path, body, headers)
+                response = connection.getresponse()
+                detail = response.read(2048)
+                if response.status >= 400:
+                    log.warning("raypulse progress: the exporter refused %d report(s): %s %s", count,
+                                response.status, detail.decode(errors="replace")[:500])
+                worst = max(worst, response.status)
         return worst
 
     def _done(self, batch: list[dict[str, Any]], ok: bool, rejected: bool) -> None:
@@ -268,6 +350,21 @@ class _Client:
         while self.queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.01)
         return not self.queue.unfinished_tasks
+
+
+def _bodies(entries: list[dict[str, Any]]) -> Iterator[tuple[int, bytes]]:
+    """Request bodies of whole reports, each under MAX_REQUEST_BYTES (RL reports carry their phases)."""
+    parts: list[bytes] = []
+    size = 0
+    for entry in entries:
+        part = json.dumps(entry, allow_nan=False, separators=(",", ":")).encode()
+        if parts and size + len(part) + 1 > MAX_REQUEST_BYTES - 16:
+            yield len(parts), b'{"reports":[' + b",".join(parts) + b"]}"
+            parts, size = [], 0
+        parts.append(part)
+        size += len(part) + 1
+    if parts:
+        yield len(parts), b'{"reports":[' + b",".join(parts) + b"]}"
 
 
 def _token(owner: tuple[str, str]) -> str | None:
@@ -379,6 +476,140 @@ def resume_from() -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) and (value.get("step") is not None or value.get("path")) else None
+
+
+def _finite(value: Any, low: float = 0.0, high: float = math.inf) -> float | None:
+    """A finite number in [low, high], else None (the endpoint would refuse the whole batch for it)."""
+    number = _number(value)
+    return number if number is not None and math.isfinite(number) and low <= number <= high else None
+
+
+_MAX_SECONDS = float(2**53)
+
+
+@contextmanager
+def phase(name: str, *, rank: int | None = None) -> Iterator[None]:
+    """Time one phase of an RL iteration: `with progress.phase("generate"): ...`. A report goes out when
+    the phase starts and when it ends; its wall seconds count toward the iteration under way (the next
+    `report_iteration`), also when the block raises. Names are free-form (other characters than
+    A-Za-z0-9_.:- become _, cut to 40); at most 16 per rank, more are not timed. Never raises its own
+    errors into the block, never blocks."""
+    started = _phase_start(name, rank)
+    try:
+        yield
+    finally:
+        _phase_end(started)
+
+
+def _phase_start(name: str, rank: int | None) -> tuple[_Client, int, str, float] | None:
+    try:
+        client = _get_client()
+        rank = client.identity.default_rank() if rank is None else int(rank)
+        key = _rl_name(name)
+        if key is None:
+            raise ValueError("a phase needs a name")
+        with client.rl_lock:
+            state = client.rl_rank(rank)
+            clock = state.clock(key)
+            if clock is None:
+                client.over_limit(state, "phase", key)
+                return None
+            clock.running += 1
+            if clock.running == 1:
+                clock.since = time.time()
+            _submit("rl", rank, {"phases": state.wire()})
+        return client, rank, key, time.monotonic()
+    except Exception:  # noqa: BLE001
+        _count_internal_drop()
+        return None
+
+
+def _phase_end(started: tuple[_Client, int, str, float] | None) -> None:
+    if started is None:
+        return
+    try:
+        client, rank, key, began = started
+        elapsed = time.monotonic() - began
+        with client.rl_lock:
+            state = client.rl_rank(rank)
+            clock = state.phases[key]
+            clock.total += elapsed
+            clock.current += elapsed
+            clock.running = max(0, clock.running - 1)
+            if clock.running == 0:
+                clock.since = None
+            _submit("rl", rank, {"phases": state.wire()})
+    except Exception:  # noqa: BLE001
+        _count_internal_drop()
+
+
+def report_iteration(iteration: int, *, phases: Mapping[str, float] | None = None, rollouts: int | None = None,
+                     generated_tokens: int | None = None, reward_mean: float | None = None,
+                     reward_std: float | None = None, rewards: Mapping[str, float] | None = None,
+                     kl: float | None = None, entropy: float | None = None,
+                     response_length_mean: float | None = None, response_length_max: float | None = None,
+                     response_length_limit: float | None = None, truncated_ratio: float | None = None,
+                     weight_sync_seconds: float | None = None, weight_sync_bytes: int | None = None,
+                     rank: int | None = None) -> None:
+    """Record one finished RL iteration.
+
+    `phases`: seconds spent in named phases that were not timed with `phase()` (added to those that
+    were). `rollouts`, `generated_tokens`: in this iteration (the client sends running totals).
+    `reward_mean`, `reward_std`, `rewards` (mean by reward source, at most 16), `kl`, `entropy`: of this
+    iteration's batch. `response_length_*` in tokens; `truncated_ratio`: share of responses cut off at
+    `response_length_limit`, 0..1. `weight_sync_seconds` defaults to this iteration's time in a phase
+    named "weight_sync"; `weight_sync_bytes`: what the sync moved. Values out of range are left out (a
+    NaN reward mean, KL or entropy is sent and counted). Never raises, never blocks."""
+    try:
+        client = _get_client()
+        rank = client.identity.default_rank() if rank is None else int(rank)
+        sources: dict[str, float] = {}
+        with client.rl_lock:
+            state = client.rl_rank(rank)
+            for name, seconds in (phases or {}).items():
+                key, value = _rl_name(name), _finite(seconds, high=_MAX_SECONDS)
+                if key is None or value is None:
+                    continue
+                clock = state.clock(key)
+                if clock is None:
+                    client.over_limit(state, "phase", key)
+                    continue
+                clock.total += value
+                clock.current += value
+            for clock in state.phases.values():
+                clock.last, clock.current = clock.current, 0.0
+            state.iterations += 1
+            iterations = state.iterations
+            sync = state.phases.get(wire.RL_WEIGHT_SYNC_PHASE)
+            for name, value in (rewards or {}).items():
+                key, number = _rl_name(name), _finite(value, -math.inf)
+                if key is None or number is None:
+                    continue
+                if len(sources) >= wire.RL_MAX_SOURCES and key not in sources:
+                    client.over_limit(state, "reward source", key)
+                    continue
+                sources[key] = number
+            wired = state.wire()
+            if weight_sync_seconds is None and sync is not None and sync.last:
+                weight_sync_seconds = sync.last
+            step = _number(iteration)
+            fields = {
+                "iteration": int(step) if step is not None and 0 <= step < _MAX_SECONDS else None,
+                "iterations_total": iterations, "phases": wired or None,
+                "rollouts_total": client.running_total(rank, "rollouts", rollouts) if rollouts is not None else None,
+                "generated_tokens_total": (client.running_total(rank, "generated_tokens", generated_tokens)
+                                           if generated_tokens is not None else None),
+                "reward_mean": _json_number(_number(reward_mean)), "reward_std": _finite(reward_std),
+                "rewards": sources or None, "kl": _json_number(_number(kl)), "entropy": _json_number(_number(entropy)),
+                "response_length_mean": _finite(response_length_mean),
+                "response_length_max": _finite(response_length_max),
+                "response_length_limit": _finite(response_length_limit),
+                "truncated_ratio": _finite(truncated_ratio, high=1.0),
+                "weight_sync_seconds": _finite(weight_sync_seconds, high=_MAX_SECONDS),
+                "weight_sync_bytes": _finite(weight_sync_bytes)}
+            _submit("rl", rank, {key: value for key, value in fields.items() if value is not None})
+    except Exception:  # noqa: BLE001
+        _count_internal_drop()
 
 
 _LOSS_KEYS = ("loss", "train_loss")

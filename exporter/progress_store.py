@@ -8,7 +8,23 @@ A request is `{"reports": [report, ...]}`; a report is
      "grad_norm": ..., "learning_rate": ..., "samples_total": 76800, "tokens_total": null,
      "dropped_total": 0, "duration_seconds": 4.2 | null}
 
-(`duration_seconds`: for a checkpoint, how long its save took.) The launcher's health watcher also
+(`duration_seconds`: for a checkpoint, how long its save took.) An RL post-training loop
+(`progress.phase`, `progress.report_iteration`) sends kind "rl", whose fields are all optional:
+
+    {"kind": "rl", "job_id": ..., "submission_id": ..., "rank": 0, "time": ..., "dropped_total": 0,
+     "iteration": 12, "iterations_total": 13,
+     "phases": {"generate": {"seconds_total": 812.4, "iteration_seconds": 81.2, "running_since": null},
+                "train": {"seconds_total": 300.1, "iteration_seconds": 30.0, "running_since": 1767225600.5}},
+     "rollouts_total": 4096, "generated_tokens_total": 2097152,
+     "reward_mean": 0.41 | "NaN", "reward_std": 0.2, "rewards": {"format": 0.9, "correctness": 0.3},
+     "kl": 0.012 | "NaN", "entropy": 1.7 | "NaN", "response_length_mean": 512.0, "response_length_max": 2048,
+     "response_length_limit": 2048, "truncated_ratio": 0.04, "weight_sync_seconds": 3.1,
+     "weight_sync_bytes": 15032385536}
+
+`phases` is the rank's whole set of phases (at most wire.RL_MAX_PHASES) with running totals,
+the seconds of the last completed iteration and, while one runs, its start; `rewards` the last
+iteration's reward mean by source (at most wire.RL_MAX_SOURCES). Each replaces what the rank had.
+The launcher's health watcher also
 reports how its run heals, with kind "run": {"kind": "run", "run_id": "...", "time": ..., "fault":
 "hang", "detect_seconds": 31.5, "recover_seconds": 52.0, "steps_lost": 3} for a recovery, and
 {"kind": "run", "run_id": "...", "time": ..., "effective_training_ratio": 0.93} as the run goes.
@@ -17,9 +33,10 @@ Every field is checked (unknown fields are refused by name); a batch is applied 
 all. One global bound, the series the store holds (progress.max_series), caps its memory and the
 size of /metrics; the jobs tracked at once and the ranks per job are fairness limits under it (429
 beyond any of them). Jobs Ray says have ended, or does not know, are let go soon after their last
-report (`doubtful`), first when room is needed; other ranks that stop reporting expire. A NaN or
-infinite loss (or grad norm, learning rate) is counted per rank and leaves the last finite value in
-place: it shows up as a count, never as a hidden gap.
+report (`doubtful`), first when room is needed; other ranks that stop reporting expire. A rank's RL
+phases and reward sources count against progress.max_series like every other series. A NaN or
+infinite loss (or grad norm, learning rate, RL reward mean, KL, entropy) is counted per rank and
+leaves the last finite value in place: it shows up as a count, never as a hidden gap.
 
 States are copied on write: the train collector turns a snapshot of the store into series off the
 event loop while the endpoint keeps applying reports on it.
@@ -35,13 +52,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
 from exporter import strict, wire
 from exporter.config import ProgressSettings
 from exporter.strict import Strict
 
 FLOAT_FIELDS = ("loss", "grad_norm", "learning_rate")
+RL_NONFINITE_FIELDS = ("reward_mean", "kl", "entropy")  # NaN/Infinity accepted and counted, like the loss
+RL_VALUE_FIELDS = (*RL_NONFINITE_FIELDS, "reward_std", "response_length_mean", "response_length_max",
+                   "response_length_limit", "truncated_ratio", "weight_sync_seconds", "weight_sync_bytes")
+RL_FIELDS = ("iteration", "iterations_total", "phases", "rollouts_total", "generated_tokens_total", "rewards",
+             *RL_VALUE_FIELDS)
 REJECT_REASONS = ("invalid", "unauthorized", "too_large", "unsupported_media_type", "too_many_jobs",
                   "too_many_ranks", "too_many_series")
 # Series each holds in /metrics (exporter/collectors/ray/train.py): a rank's 13 gauges and counters and
@@ -49,6 +71,10 @@ REJECT_REASONS = ("invalid", "unauthorized", "too_large", "unsupported_media_typ
 SERIES_PER_RANK = 16
 SERIES_PER_JOB = 1
 SERIES_PER_RUN = 4 + len(wire.FAULT_CLASSES)
+# A rank that reports RL adds 15 raypulse_rl_* series and 3 non-finite counts, 3 per phase, 1 per reward source.
+SERIES_PER_RL_RANK = 15 + len(RL_NONFINITE_FIELDS)
+SERIES_PER_PHASE = 3
+SERIES_PER_SOURCE = 1
 MAX_REPORTS_PER_REQUEST = 256
 _MAX_COUNT = 2**53  # exactly representable in a float sample
 _CLOCK_SKEW_SECONDS = 600.0
@@ -70,12 +96,25 @@ def _metric_value(value: Any) -> Any:
 
 MetricValue = Annotated[float | None, BeforeValidator(_metric_value)]
 Count = Annotated[int, Field(ge=0, lt=_MAX_COUNT, strict=True)]
+Name = Annotated[str, StringConstraints(pattern=wire.RL_NAME_PATTERN)]
+Seconds = Annotated[float, Field(ge=0, lt=_MAX_COUNT, allow_inf_nan=False)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class Phase(Strict):
+    """One named phase of a rank's RL iterations."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seconds_total: Seconds
+    iteration_seconds: Seconds | None = None  # in the last completed iteration
+    running_since: float | None = Field(None, gt=0, allow_inf_nan=False)  # unix time, while it runs
 
 
 class Report(Strict):
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["progress", "checkpoint", "run"]
+    kind: Literal["progress", "checkpoint", "run", "rl"]
     job_id: str | None = Field(None, pattern=r"^[0-9a-f]{2,64}$", description="Ray job id (hex)")
     submission_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
     rank: int = Field(0, ge=0, le=1_000_000, strict=True)
@@ -94,6 +133,23 @@ class Report(Strict):
     recover_seconds: float | None = Field(None, ge=0, le=30 * 86400, allow_inf_nan=False)
     steps_lost: Count | None = None
     effective_training_ratio: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    # kind "rl" only
+    iteration: Count | None = None
+    iterations_total: Count | None = None
+    phases: dict[Name, Phase] | None = Field(None, max_length=wire.RL_MAX_PHASES)
+    rollouts_total: Count | None = None
+    generated_tokens_total: Count | None = None
+    reward_mean: MetricValue = None
+    reward_std: Finite | None = Field(None, ge=0)
+    rewards: dict[Name, Finite] | None = Field(None, max_length=wire.RL_MAX_SOURCES)
+    kl: MetricValue = None
+    entropy: MetricValue = None
+    response_length_mean: Finite | None = Field(None, ge=0)
+    response_length_max: Finite | None = Field(None, ge=0)
+    response_length_limit: Finite | None = Field(None, ge=0)
+    truncated_ratio: Finite | None = Field(None, ge=0, le=1)
+    weight_sync_seconds: Seconds | None = None
+    weight_sync_bytes: Finite | None = Field(None, ge=0)
 
 
 class Batch(Strict):
@@ -122,10 +178,53 @@ def parse_batch(data: Any) -> list[Report]:
         if report.kind != "run" and report.job_id is None and report.submission_id is None:
             raise Rejected(400, "invalid", f"reports[{index}]: job_id or submission_id is required (who is "
                            "training?)")
+        if report.kind != "rl":
+            stray = next((name for name in RL_FIELDS if getattr(report, name) is not None), None)
+            if stray is not None:
+                raise Rejected(400, "invalid", f"reports[{index}].{stray}: only in reports of kind rl")
         if abs(report.time - now) > _CLOCK_SKEW_SECONDS:
             raise Rejected(400, "invalid", f"reports[{index}].time: {report.time} is more than "
                            f"{_CLOCK_SKEW_SECONDS:g}s away from the exporter's clock ({now:.0f})")
     return batch.reports
+
+
+@dataclass
+class RLState:
+    """What a rank's RL loop reported last: iteration, running totals, phases, rewards and the rest."""
+
+    iteration: float | None = None
+    iterations_total: float | None = None
+    last_iteration_time: float | None = None
+    rollouts_total: float | None = None
+    generated_tokens_total: float | None = None
+    values: dict[str, float] = field(default_factory=dict)  # RL_VALUE_FIELDS, last finite
+    phases: Mapping[str, Phase] = field(default_factory=dict)
+    rewards: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def series(self) -> int:
+        return (SERIES_PER_RL_RANK + SERIES_PER_PHASE * len(self.phases)
+                + SERIES_PER_SOURCE * len(self.rewards))
+
+    def apply(self, report: Report, nonfinite: Counter[str]) -> None:
+        if report.iteration is not None:
+            self.iteration = report.iteration
+            self.last_iteration_time = max(self.last_iteration_time or 0.0, report.time)
+        for name in ("iterations_total", "rollouts_total", "generated_tokens_total"):
+            if getattr(report, name) is not None:
+                setattr(self, name, getattr(report, name))
+        if report.phases is not None:
+            self.phases = dict(report.phases)
+        if report.rewards is not None:
+            self.rewards = dict(report.rewards)
+        for name in RL_VALUE_FIELDS:
+            value = getattr(report, name)
+            if value is None:
+                continue
+            if math.isfinite(value):
+                self.values[name] = value
+            else:
+                nonfinite[name] += 1
 
 
 @dataclass
@@ -143,17 +242,30 @@ class RankState:
     checkpoints: int = 0
     client_dropped: int = 0
     touched: float = 0.0  # the exporter's monotonic clock, for expiry
+    rl: RLState | None = None  # once the rank reported kind "rl"
+
+    @property
+    def series(self) -> int:
+        return SERIES_PER_RANK + (self.rl.series if self.rl is not None else 0)
 
     def applied(self, report: Report) -> RankState:
         """A new state with the report applied; this one is left as it was (readers may hold it)."""
         new = copy.copy(self)
         new.values, new.nonfinite = dict(self.values), Counter(self.nonfinite)
+        if report.kind == "rl":
+            new.rl = copy.copy(self.rl) if self.rl is not None else RLState()
+            new.rl.values = dict(new.rl.values)
         new.apply(report)
         return new
 
     def apply(self, report: Report) -> None:
         self.reports += 1
         self.client_dropped = max(self.client_dropped, report.dropped_total)
+        if report.kind == "rl":
+            if self.rl is None:
+                self.rl = RLState()
+            self.rl.apply(report, self.nonfinite)
+            return
         if report.kind == "checkpoint":
             self.checkpoints += 1
             self.last_checkpoint_time = max(self.last_checkpoint_time or 0.0, report.time)
@@ -241,7 +353,7 @@ class ProgressStore:
 
     @property
     def series(self) -> int:
-        return (sum(SERIES_PER_JOB + SERIES_PER_RANK * len(ranks) for ranks in self.jobs.values())
+        return (sum(SERIES_PER_JOB + sum(state.series for state in ranks.values()) for ranks in self.jobs.values())
                 + SERIES_PER_RUN * len(self.runs))
 
     def view(self) -> StoreView:
@@ -270,7 +382,7 @@ class ProgressStore:
                 seen.add((key, report.rank))
                 new_ranks[key] += 1
         added = (SERIES_PER_RUN * len(new_runs) + SERIES_PER_JOB * len(new_jobs)
-                 + SERIES_PER_RANK * sum(new_ranks.values()))
+                 + SERIES_PER_RANK * sum(new_ranks.values()) + self._rl_growth(reports))
         if added:
             self._make_room(added, new_jobs=len(new_jobs))
         if len(self.runs) + len(new_runs) > self.settings.max_jobs:
@@ -300,6 +412,26 @@ class ProgressStore:
             state.touched = now
             ranks[report.rank] = state
         self.accepted += len(reports) + len(runs)
+
+    def _rl_growth(self, reports: list[Report]) -> int:
+        """RL series the batch adds: per rank, what it holds after the batch (each report's phases and
+        reward sources replace the ones before) less what it holds now; never below 0 per rank."""
+        before: dict[tuple[JobKey, int], int] = {}
+        sets: dict[tuple[JobKey, int], tuple[int, int]] = {}  # (phases, sources) as the batch goes
+        for report in reports:
+            if report.kind != "rl":
+                continue
+            key = ((report.job_id or "", report.submission_id or ""), report.rank)
+            if key not in sets:
+                state = self.jobs.get(key[0], {}).get(report.rank)
+                rl = state.rl if state is not None else None
+                before[key] = rl.series if rl is not None else 0
+                sets[key] = (len(rl.phases), len(rl.rewards)) if rl is not None else (0, 0)
+            phases, sources = sets[key]
+            sets[key] = (len(report.phases) if report.phases is not None else phases,
+                         len(report.rewards) if report.rewards is not None else sources)
+        return sum(max(0, SERIES_PER_RL_RANK + SERIES_PER_PHASE * phases + SERIES_PER_SOURCE * sources
+                       - before[key]) for key, (phases, sources) in sets.items())
 
     def _refuse(self, added: int, rejected: Rejected) -> Rejected:
         self.refused_series += added

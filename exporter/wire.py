@@ -66,6 +66,13 @@ ENV_HOME = "RAYPULSE_HOME"  # the launcher's state directory (default ~/.raypuls
 ENV_EXPORTER_PREFIX = "RAYPULSE_EXPORTER_"  # the exporter's settings, e.g. RAYPULSE_EXPORTER_LISTEN
 ENV_GPU_CONTROL_FILE = "RAYPULSE_EXPORTER_GPU__CONTROL_FILE"  # the simulated GPUs' fault-injection file
 
+# --- RL post-training reports (progress.phase / progress.report_iteration; the endpoint checks the same) --
+RL_NAME_MAX_LENGTH = 40
+RL_NAME_PATTERN = rf"^[A-Za-z0-9_.:-]{{1,{RL_NAME_MAX_LENGTH}}}$"  # a phase or reward-source name (a label value)
+RL_MAX_PHASES = 16  # named phases per rank
+RL_MAX_SOURCES = 16  # reward sources per rank
+RL_WEIGHT_SYNC_PHASE = "weight_sync"  # a phase of this name also gives the iteration's weight-sync time
+
 # --- fault classes of the launcher's health watcher (the exporter counts recoveries by them) -------
 FAULT_HANG = "hang"
 FAULT_GPU = "gpu_fault"

@@ -59,9 +59,9 @@ def test_the_committed_files_are_what_the_builders_produce():
     assert not stale, f"stale generated files {[str(p) for p in stale]}: run `make dashboards`"
 
 
-def test_there_are_the_five_dashboards_with_unique_uids_and_titles():
+def test_there_are_the_six_dashboards_with_unique_uids_and_titles():
     assert set(DASHBOARDS) == {"raypulse-cluster", "raypulse-job", "raypulse-node", "raypulse-gpu",
-                               "raypulse-training"}
+                               "raypulse-training", "raypulse-rl"}
     assert {d["uid"] for d in DASHBOARDS.values()} == set(DASHBOARDS)
     assert len({d["title"] for d in DASHBOARDS.values()}) == len(DASHBOARDS)
     for dashboard in DASHBOARDS.values():

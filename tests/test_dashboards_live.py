@@ -32,8 +32,8 @@ import pytest
 
 import launcher
 from alerts import prometheus
-from dashboards import livecheck, node_exporter
-from exporter import wire
+from dashboards import livecheck
+from exporter import node_exporter, wire
 from exporter.gpusim import control
 from tests.conftest import REPO, exporter_command, free_port, http_get, wait_until
 from tests.otlp_receiver import OtlpReceiver
@@ -101,8 +101,15 @@ class Trainer:
     def train(self, fail_at, stop_file):
         loss = 4.0
         for step in range(1, 100_000):
-            time.sleep(0.2)
+            with progress.phase("generate", rank=self.rank):  # an RL loop's phases: the RL board
+                time.sleep(0.2)
             loss *= 0.97
+            if self.rank == 0:
+                progress.report_iteration(step, rollouts=8, generated_tokens=4096, reward_mean=1 - loss / 4,
+                                          reward_std=0.1, rewards={"format": 0.9}, kl=0.01, entropy=1.0,
+                                          response_length_mean=300, response_length_max=512,
+                                          response_length_limit=512, truncated_ratio=0.05,
+                                          weight_sync_seconds=0.01, weight_sync_bytes=2**20, rank=0)
             progress.report(step, loss=math.nan if step == 3 and attempt == 2 else loss, samples=64, tokens=8192,
                             learning_rate=1e-3, grad_norm=1.5, rank=self.rank)
             if step % 5 == 0:

@@ -29,9 +29,9 @@ import pytest
 
 from alerts import prometheus
 from alerts.config import DEFAULT as ALERTS_CONFIG
-from dashboards import livecheck, node_exporter, promql
+from dashboards import livecheck, promql
 from dashboards.provisioner import JSON_DIR
-from exporter import profiles, wire
+from exporter import node_exporter, profiles, wire
 from exporter.plugins import load
 from exporter.server import Exporter
 from exporter.shared import ServiceDiscovery

@@ -131,16 +131,28 @@ _submissions = st.one_of(st.none(), st.sampled_from([f"run-{i}" for i in range(8
 _numbers = st.one_of(st.none(), st.integers(-(2**64), 2**64), st.floats(allow_nan=False, allow_infinity=False),
                      st.sampled_from(["NaN", "Infinity", "-Infinity", "nan", "1.5", ""]), st.booleans())
 _reports = st.fixed_dictionaries(
-    {"kind": st.sampled_from(["progress", "checkpoint", "other"])},
+    {"kind": st.sampled_from(["progress", "checkpoint", "rl", "other"])},
     optional={"job_id": _ids, "submission_id": _submissions, "rank": st.one_of(st.integers(-2, 8), _numbers),
               "time": st.one_of(st.just("now"), _numbers), "step": _numbers, "loss": _numbers,
               "grad_norm": _numbers, "learning_rate": _numbers, "samples_total": _numbers,
-              "tokens_total": _numbers, "dropped_total": _numbers, "surprise": st.text(max_size=5)})
+              "tokens_total": _numbers, "dropped_total": _numbers, "surprise": st.text(max_size=5),
+              "iteration": _numbers, "kl": _numbers, "truncated_ratio": _numbers,
+              "phases": st.dictionaries(st.text(max_size=45), st.dictionaries(
+                  st.sampled_from(["seconds_total", "iteration_seconds", "running_since", "x"]), _numbers),
+                  max_size=18),
+              "rewards": st.dictionaries(st.text(max_size=45), _numbers, max_size=18)})
 _valid_reports = st.fixed_dictionaries(  # well-formed, so the bounds (jobs, ranks) are exercised too
-    {"kind": st.sampled_from(["progress", "checkpoint"]), "rank": st.integers(0, 5), "time": st.just("now"),
+    {"kind": st.sampled_from(["progress", "checkpoint", "rl"]), "rank": st.integers(0, 5), "time": st.just("now"),
      "submission_id": st.sampled_from([f"run-{i}" for i in range(8)])},
     optional={"step": st.integers(0, 2**40), "loss": st.floats(), "grad_norm": st.floats(),
               "samples_total": st.integers(0, 2**40), "job_id": st.sampled_from(["02000000", "03000000"])})
+_valid_rl_reports = st.fixed_dictionaries(
+    {"kind": st.just("rl"), "rank": st.integers(0, 5), "time": st.just("now"),
+     "submission_id": st.sampled_from([f"run-{i}" for i in range(8)])},
+    optional={"iteration": st.integers(0, 2**40), "kl": st.floats(), "truncated_ratio": st.floats(0, 1),
+              "phases": st.dictionaries(st.sampled_from(["generate", "train", "weight_sync"]), st.fixed_dictionaries(
+                  {"seconds_total": st.floats(0, 1e9)}, optional={"running_since": st.just("now")}), max_size=3),
+              "rewards": st.dictionaries(st.sampled_from(["format", "judge"]), st.floats(-10, 10), max_size=2)})
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
                                                                                  max_size=4), max_leaves=20)
@@ -159,6 +171,7 @@ def _encode(value) -> bytes:
 _bodies = st.one_of(
     st.lists(_reports, min_size=1, max_size=12).map(lambda rs: _encode({"reports": rs})),
     st.lists(_valid_reports, min_size=1, max_size=12).map(lambda rs: _encode({"reports": rs})),
+    st.lists(_valid_rl_reports, min_size=1, max_size=12).map(lambda rs: _encode({"reports": rs})),
     _json.map(_encode),
     st.binary(max_size=600),
     st.integers(3000, 8000).map(lambda n: b'{"reports": [' + b" " * n + b"]}"))  # around the size limit

@@ -114,6 +114,9 @@ def run_the_jobs(s: Scenario, stop_file: Path) -> None:
     wait_query(p, f"{cpu} > 0.3", "the actors' CPU use")
     wait_query(p, f'raypulse_job_processes{{submission_id="{RUN}-2", process_role="driver", job_id!=""}}',
                "the driver's Ray job id (it connects after it starts)")
+    # Ray's resource view (the head collector reads its cluster status) catches up with the actors a
+    # few seconds later, more on a busy machine: wait for it rather than read it at a moment.
+    wait_query(p, 'raypulse_ray_resource_used{resource="CPU"} == 2', "the actors' CPUs in Ray's resource view")
     use_gpus(s, f"{RUN}-2")
     s.while_running = {
         "cpu": query(p, cpu),

@@ -11,6 +11,7 @@ UID_JOB = "raypulse-job"
 UID_NODE = "raypulse-node"
 UID_GPU = "raypulse-gpu"
 UID_TRAINING = "raypulse-training"
+UID_RL = "raypulse-rl"
 
 # Matchers used inside f-strings (Python 3.11 allows no backslash in an f-string expression).
 NOT_IDLE = 'mode!~"idle|iowait"'

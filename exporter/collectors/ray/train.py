@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 
+from exporter import progress_store
 from exporter.catalog import counter, gauge
 from exporter.collector import AsyncCollector, register
 from exporter.collectors.ray.dashboard import DashboardError, connect
 from exporter.collectors.ray.job_ids import JobDirectory
 from exporter.collectors.ray.localray import LocalRay
 from exporter.config import ExporterConfig
-from exporter.progress_store import FLOAT_FIELDS, REJECT_REASONS, JobKey, RankState, StoreView
+from exporter.progress_store import FLOAT_FIELDS, REJECT_REASONS, JobKey, RankState, RLState, StoreView
 from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
@@ -50,7 +51,8 @@ GRAD_NORM = _gauge("grad_norm", "Last finite gradient norm the rank reported.",
 LEARNING_RATE = _gauge("learning_rate", "Last learning rate the rank reported.",
                        only_when="once a rank reported a learning rate")
 NONFINITE = _counter("nonfinite_values_total", "Reported values that were NaN or infinite, by field (loss, "
-                     "grad_norm, learning_rate); the gauges keep the last finite value.",
+                     "grad_norm, learning_rate; reward_mean, kl, entropy for a rank that reports RL); the gauges "
+                     "keep the last finite value.",
                      labels=(*LABELS, "field"))
 LAST_PROGRESS = _gauge("last_progress_time_seconds", "Unix time of the rank's last progress report; a job whose "
                        "ranks stop advancing it may be hung.", "seconds", only_when="once a rank reported progress")
@@ -67,6 +69,62 @@ CLIENT_DROPPED = _counter("client_dropped_reports_total", "Reports the rank's cl
                           "or the exporter unreachable), as it last said.")
 RANKS = _gauge("ranks", "Ranks of the job that report progress to this exporter.",
                labels=("job_id", "submission_id"))
+
+# RL post-training (progress.phase / progress.report_iteration): by job and rank like the rest.
+_RL = "while a rank reports RL iterations"
+
+
+def _rl_gauge(name: str, help: str, unit: str = "", only_when: str = _RL, labels: tuple[str, ...] = LABELS):
+    return gauge(f"raypulse_rl_{name}", help, collector=NAME, labels=labels, unit=unit, only_when=only_when)
+
+
+def _rl_counter(name: str, help: str, unit: str = "", only_when: str = _RL, labels: tuple[str, ...] = LABELS):
+    return counter(f"raypulse_rl_{name}", help, collector=NAME, labels=labels, unit=unit, only_when=only_when)
+
+
+RL_ITERATION = _rl_gauge("iteration", "Last RL iteration the rank reported.",
+                         only_when="once a rank reported an RL iteration")
+RL_ITERATIONS = _rl_counter("iterations_total", "RL iterations the rank has reported done (its client counts "
+                            "them).", only_when="once a rank reported an RL iteration")
+RL_LAST_ITERATION = _rl_gauge("last_iteration_time_seconds", "Unix time of the rank's last RL iteration report.",
+                              "seconds", only_when="once a rank reported an RL iteration")
+RL_ROLLOUTS = _rl_counter("rollouts_total", "Rollouts (generated responses) the rank has reported.",
+                          only_when="once a rank reported rollouts")
+RL_GENERATED_TOKENS = _rl_counter("generated_tokens_total", "Tokens generated in the rank's rollouts.",
+                                  only_when="once a rank reported generated tokens")
+RL_REWARD_MEAN = _rl_gauge("reward_mean", "Mean reward of the rank's last RL iteration (last finite value).",
+                           only_when="once a rank reported a finite reward mean")
+RL_REWARD_STD = _rl_gauge("reward_std", "Standard deviation of the rewards of the rank's last RL iteration.",
+                          only_when="once a rank reported a reward standard deviation")
+RL_SOURCE_REWARD = _rl_gauge("source_reward_mean", "Mean reward of the rank's last RL iteration by reward source "
+                             "(a reward model, a rule, a verifier; at most 16 sources per rank).",
+                             only_when="once a rank reported rewards by source", labels=(*LABELS, "source"))
+RL_KL = _rl_gauge("kl", "KL divergence of the policy from its reference in the rank's last RL iteration (last "
+                  "finite value).", only_when="once a rank reported a finite KL")
+RL_ENTROPY = _rl_gauge("entropy", "Policy entropy in the rank's last RL iteration (last finite value).",
+                       only_when="once a rank reported a finite entropy")
+RL_RESPONSE_MEAN = _rl_gauge("response_tokens_mean", "Mean response length of the rank's last RL iteration, in "
+                             "tokens.", only_when="once a rank reported a response length")
+RL_RESPONSE_MAX = _rl_gauge("response_tokens_max", "Longest response of the rank's last RL iteration, in tokens.",
+                            only_when="once a rank reported a longest response")
+RL_RESPONSE_LIMIT = _rl_gauge("response_tokens_limit", "The most tokens a response may have (generation stops "
+                              "there), as the rank reported it.", only_when="once a rank reported its limit")
+RL_TRUNCATED = _rl_gauge("truncated_ratio", "Share of the last RL iteration's responses cut off at the length "
+                         "limit.", "ratio", only_when="once a rank reported a truncated share")
+RL_SYNC_SECONDS = _rl_gauge("weight_sync_seconds", "How long the rank's last weight sync to the generators took.",
+                            "seconds", only_when="once a rank reported a weight sync")
+RL_SYNC_BYTES = _rl_gauge("weight_sync_bytes", "Bytes the rank's last weight sync moved to the generators.",
+                          "bytes", only_when="once a rank reported weight-sync bytes")
+_PHASE = (*LABELS, "phase")
+RL_PHASE_SECONDS = _rl_counter("phase_seconds_total", "Wall seconds the rank spent in each named phase of its RL "
+                               "iterations (generate, reward, train, weight_sync...; at most 16 per rank).",
+                               "seconds", only_when="once a rank reported a phase", labels=_PHASE)
+RL_PHASE_ITERATION = _rl_gauge("phase_iteration_seconds", "Seconds the rank spent in each phase during its last "
+                               "completed RL iteration (0 for a phase that did not run in it).", "seconds",
+                               only_when="once a rank completed an RL iteration with phases", labels=_PHASE)
+RL_PHASE_START = _rl_gauge("phase_start_time_seconds", "Unix time the phase now running started; present only "
+                           "while it runs (a phase that never ends is an RL hang).", "seconds",
+                           only_when="while a phase of a rank's RL iteration runs", labels=_PHASE)
 ENDPOINT_UP = gauge("raypulse_train_endpoint_up", "1 if the progress endpoint is listening.", collector=NAME)
 JOBS = gauge("raypulse_train_jobs", "Jobs whose progress this exporter tracks (bounded by progress.max_jobs).",
              collector=NAME)
@@ -101,7 +159,8 @@ REFUSED_SERIES = counter("raypulse_train_refused_series_total", "Series that ref
 class TrainCollector(AsyncCollector):
     name = NAME
     description = ("Training progress reported by the job itself through exporter.progress: step, samples, "
-                   "tokens, loss, grad norm, learning rate, checkpoints, by job and rank (the progress endpoint).")
+                   "tokens, loss, grad norm, learning rate, checkpoints, RL iterations (phases, rewards, KL, "
+                   "response lengths, weight sync), by job and rank (the progress endpoint).")
 
     def __init__(self, config: ExporterConfig, shared: Shared | None = None) -> None:
         super().__init__(config, shared)
@@ -172,4 +231,28 @@ def emit_rank(out: SampleSink, state: RankState, **labels: object) -> None:
     out.add(CHECKPOINTS, state.checkpoints, **labels)
     out.add(REPORTS, state.reports, **labels)
     out.add(CLIENT_DROPPED, state.client_dropped, **labels)
+    if state.rl is not None:
+        for field in progress_store.RL_NONFINITE_FIELDS:
+            out.add(NONFINITE, state.nonfinite[field], **labels, field=field)
+        emit_rl(out, state.rl, **labels)
+
+
+def emit_rl(out: SampleSink, rl: RLState, **labels: object) -> None:
+    out.add(RL_ITERATION, rl.iteration, **labels)
+    out.add(RL_ITERATIONS, rl.iterations_total, **labels)
+    out.add(RL_LAST_ITERATION, rl.last_iteration_time, **labels)
+    out.add(RL_ROLLOUTS, rl.rollouts_total, **labels)
+    out.add(RL_GENERATED_TOKENS, rl.generated_tokens_total, **labels)
+    for spec, name in ((RL_REWARD_MEAN, "reward_mean"), (RL_REWARD_STD, "reward_std"), (RL_KL, "kl"),
+                       (RL_ENTROPY, "entropy"), (RL_RESPONSE_MEAN, "response_length_mean"),
+                       (RL_RESPONSE_MAX, "response_length_max"), (RL_RESPONSE_LIMIT, "response_length_limit"),
+                       (RL_TRUNCATED, "truncated_ratio"), (RL_SYNC_SECONDS, "weight_sync_seconds"),
+                       (RL_SYNC_BYTES, "weight_sync_bytes")):
+        out.add(spec, rl.values.get(name), **labels)
+    for source, value in rl.rewards.items():
+        out.add(RL_SOURCE_REWARD, value, **labels, source=source)
+    for phase, state in rl.phases.items():
+        out.add(RL_PHASE_SECONDS, state.seconds_total, **labels, phase=phase)
+        out.add(RL_PHASE_ITERATION, state.iteration_seconds, **labels, phase=phase)
+        out.add(RL_PHASE_START, state.running_since, **labels, phase=phase)
 

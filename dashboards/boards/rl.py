@@ -1,0 +1,120 @@
+"""RL post-training: an iteration of phases (generate, reward, train, weight sync...), seen as RL.
+Which phase eats the iteration, whether the reward climbs or collapses, KL and entropy, responses
+growing into the length limit, weight-sync time; from what the loop reports through
+`progress.phase` and `progress.report_iteration` (raypulse_rl_*). The `rl` alerts have scope
+training: the training board's alert timeline shows them."""
+
+from __future__ import annotations
+
+from dashboards.boards.common import RATE, UID_RL, rate, to_training
+from dashboards.model import Board, Panel, Row, Target
+from dashboards.selectors import Scope
+
+S = Scope("cluster", "submission")
+JOB = "{{submission_id}}"
+RANK = JOB + " rank {{rank}}"
+PER_JOB = "cluster, submission_id"
+PER_PHASE = "cluster, submission_id, phase"
+
+
+def _per_iteration(family: str) -> str:
+    """Seconds of `family` per RL iteration over the rate interval, by phase."""
+    return (f"sum by ({PER_PHASE}) (increase({S(family)}[{RATE}])) / on ({PER_JOB}) group_left () "
+            f"sum by ({PER_JOB}) (increase({S('raypulse_rl_iterations_total')}[{RATE}]))")
+
+
+ITERATIONS = Row("Iterations", collapsed=False, panels=(
+    Panel("Iterations per minute", "suffix: /min", (
+        Target(f"60 * sum by ({PER_JOB}) ({rate(S('raypulse_rl_iterations_total'))})", JOB),),
+        "RL iterations finished per minute (progress.report_iteration calls).", width=6, min=0,
+        links=(to_training(),)),
+    Panel("Time since the last iteration", "s", (
+        Target(f"time() - {S('raypulse_rl_last_iteration_time_seconds')}", RANK),
+        Target(S("raypulse_rl_iteration"), RANK + " iteration")),
+        "How long ago each reporting rank finished its last iteration, and which iteration that was.",
+        width=6, min=0),
+    Panel("Rollouts per second", "short", (
+        Target(f"sum by ({PER_JOB}) ({rate(S('raypulse_rl_rollouts_total'))})", JOB),),
+        "Rollouts (generated responses) per second.", width=6, min=0),
+    Panel("Generated tokens per second", "short", (
+        Target(f"sum by ({PER_JOB}) ({rate(S('raypulse_rl_generated_tokens_total'))})", JOB),),
+        "Tokens the generators produce per second: their throughput.", width=6, min=0),
+))
+
+PHASES = Row("Phases", collapsed=False, panels=(
+    Panel("Seconds per iteration by phase", "s", (
+        Target(_per_iteration("raypulse_rl_phase_seconds_total"), JOB + " {{phase}}"),),
+        "Wall seconds each phase takes per iteration, stacked: the iteration's time and which phase eats it. "
+        "Phases that overlap (asynchronous generation) add up to more than the iteration.", width=12,
+        min=0, stack=True),
+    Panel("Last iteration by phase", "s", (
+        Target(S("raypulse_rl_phase_iteration_seconds"), RANK + " {{phase}}"),),
+        "Seconds each phase took in the last completed iteration of each rank, stacked.", width=12, min=0,
+        stack=True),
+    Panel("Share of time by phase", "percentunit", (
+        Target(f"sum by ({PER_PHASE}) ({rate(S('raypulse_rl_phase_seconds_total'))}) / on ({PER_JOB}) "
+               f"group_left () sum by ({PER_JOB}) ({rate(S('raypulse_rl_phase_seconds_total'))})",
+               JOB + " {{phase}}"),),
+        "Each phase's share of the time spent in phases: generation near 100% means the trainer waits, "
+        "training near 100% means the generators wait.", width=12, min=0, max=1, stack=True),
+    Panel("Running phases", "s", (
+        Target(f"time() - {S('raypulse_rl_phase_start_time_seconds')}", RANK + " {{phase}}"),),
+        "How long each phase now running has been running; one that keeps growing is an RL hang "
+        "(RaypulseRLPhaseStalled).", width=12, min=0, thresholds=((None, "green"), (900, "orange"),
+                                                                  (1800, "red"))),
+))
+
+POLICY = Row("Reward and policy", collapsed=False, panels=(
+    Panel("Reward", "short", (
+        Target(S("raypulse_rl_reward_mean"), RANK + " mean"),
+        Target(S("raypulse_rl_reward_std"), RANK + " std")),
+        "Mean reward of each iteration's batch and its standard deviation: climbing is learning, a sudden fall "
+        "is a collapse or a broken reward source.", width=6),
+    Panel("Reward by source", "short", (
+        Target(S("raypulse_rl_source_reward_mean"), RANK + " {{source}}"),),
+        "Mean reward by reward source (reward models, rules, verifiers): one source rising while the others "
+        "fall is reward hacking.", width=6),
+    Panel("KL divergence", "short", (
+        Target(S("raypulse_rl_kl"), RANK),),
+        "KL divergence of the policy from its reference; a steady climb or a jump comes before a collapse.",
+        width=6, min=0, thresholds=((None, "green"), (0.5, "red"))),
+    Panel("Entropy", "short", (
+        Target(S("raypulse_rl_entropy"), RANK),),
+        "Policy entropy; a collapse toward 0 is the policy settling on a few answers.", width=6, min=0),
+))
+
+RESPONSES = Row("Responses", collapsed=False, panels=(
+    Panel("Response length", "suffix: tokens", (
+        Target(S("raypulse_rl_response_tokens_mean"), RANK + " mean"),
+        Target(S("raypulse_rl_response_tokens_max"), RANK + " longest"),
+        Target(S("raypulse_rl_response_tokens_limit"), RANK + " limit")),
+        "Mean and longest response of each iteration, against the generation limit; lengths that keep "
+        "growing end at the limit.", width=12, min=0),
+    Panel("Truncated at the limit", "percentunit", (
+        Target(S("raypulse_rl_truncated_ratio"), RANK),),
+        "Share of each iteration's responses cut off at the length limit (RaypulseRLResponsesTruncated over "
+        "20%).", width=12, min=0, max=1, thresholds=((None, "green"), (0.1, "orange"), (0.2, "red"))),
+))
+
+WEIGHT_SYNC = Row("Weight sync", collapsed=False, panels=(
+    Panel("Weight sync time", "s", (
+        Target(S("raypulse_rl_weight_sync_seconds"), RANK),),
+        "How long the last weight sync from the trainer to the generators took; the generators wait for it.",
+        width=8, min=0, thresholds=((None, "green"), (120, "red"))),
+    Panel("Weight sync size", "bytes", (
+        Target(S("raypulse_rl_weight_sync_bytes"), RANK),),
+        "Bytes the last weight sync moved.", width=8, min=0),
+    Panel("Weight sync bandwidth", "Bps", (
+        Target(f"{S('raypulse_rl_weight_sync_bytes')} / ({S('raypulse_rl_weight_sync_seconds')} > 0)", RANK),),
+        "Bytes per second of the last weight sync: far under the network's bandwidth is a slow path (the "
+        "object store, a file system) rather than a big model.", width=8, min=0),
+))
+
+BOARD = Board(
+    uid=UID_RL, title="raypulse / RL post-training",
+    description="RL iterations as phases (generate, reward, train, weight sync), rewards, KL, entropy, response "
+                "lengths and truncation and weight-sync time, from what the loop reports through "
+                "progress.phase and progress.report_iteration.",
+    variables=("cluster", "submission"), tags=("training", "rl"),
+    rows=(ITERATIONS, PHASES, POLICY, RESPONSES, WEIGHT_SYNC),
+)
