@@ -188,6 +188,18 @@ def parse_batch(data: Any) -> list[Report]:
     return batch.reports
 
 
+def take_values(report: Any, names: Iterable[str], values: dict[str, float], nonfinite: Counter[str]) -> None:
+    """The report's finite values replace the held ones; a NaN or an infinity is counted, not kept."""
+    for name in names:
+        value = getattr(report, name)
+        if value is None:
+            continue
+        if math.isfinite(value):
+            values[name] = value
+        else:
+            nonfinite[name] += 1
+
+
 @dataclass
 class RLState:
     """What a rank's RL loop reported last: iteration, running totals, phases, rewards and the rest."""
@@ -217,14 +229,7 @@ class RLState:
             self.phases = dict(report.phases)
         if report.rewards is not None:
             self.rewards = dict(report.rewards)
-        for name in RL_VALUE_FIELDS:
-            value = getattr(report, name)
-            if value is None:
-                continue
-            if math.isfinite(value):
-                self.values[name] = value
-            else:
-                nonfinite[name] += 1
+        take_values(report, RL_VALUE_FIELDS, self.values, nonfinite)
 
 
 @dataclass
@@ -282,14 +287,7 @@ class RankState:
             self.samples_total = report.samples_total
         if report.tokens_total is not None:
             self.tokens_total = report.tokens_total
-        for name in FLOAT_FIELDS:
-            value = getattr(report, name)
-            if value is None:
-                continue
-            if math.isfinite(value):
-                self.values[name] = value
-            else:
-                self.nonfinite[name] += 1
+        take_values(report, FLOAT_FIELDS, self.values, self.nonfinite)
 
 
 @dataclass
