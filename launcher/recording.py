@@ -31,7 +31,6 @@ import os
 import shutil
 import threading
 import time
-import urllib.request
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from alerts.config import DEFAULT as ALERTS_CONFIG
 from exporter import wire
+from launcher.health.exporters import fetch_metrics, fetch_sd
 from launcher.state import FILE_MODE, ExporterAccess, private_dir
 
 FILE_NAME = "metrics.jsonl.gz"
@@ -101,11 +101,8 @@ class ScrapeTarget:
 def discover(sd_url: str, access: ExporterAccess | None = None, timeout: float = READ_TIMEOUT_S) -> list[ScrapeTarget]:
     """The raypulse exporters /sd lists, with the target labels Prometheus would give them. Groups
     that carry their own scrape job (node_exporter beside ours) are not ours: skipped."""
-    opened = access.urlopen(sd_url, timeout) if access else urllib.request.urlopen(sd_url, timeout=timeout)
-    with opened as response:
-        groups = json.loads(response.read())
     found = []
-    for group in groups:
+    for group in fetch_sd(sd_url, access, timeout):
         labels = {str(k): str(v) for k, v in (group.get("labels") or {}).items()}
         if wire.SD_JOB_LABEL in labels:
             continue
@@ -157,14 +154,7 @@ def parse(text: str, target_labels: Mapping[str, str]) -> list[Sample]:
 
 def scrape(target: ScrapeTarget, access: ExporterAccess | None, timeout: float = READ_TIMEOUT_S) -> str:
     scheme = access.scheme if access else "http"
-    request = urllib.request.Request(f"{scheme}://{target.address}{wire.METRICS_PATH}",
-                                     headers={"Accept-Encoding": "gzip"})
-    opened = access.urlopen(request, timeout) if access else urllib.request.urlopen(request, timeout=timeout)
-    with opened as response:
-        body = response.read()
-        if response.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-    return body.decode(errors="replace")
+    return fetch_metrics(f"{scheme}://{target.address}", access, timeout)
 
 
 # --- writing -------------------------------------------------------------------------------------

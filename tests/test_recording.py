@@ -97,9 +97,17 @@ class SimCluster:
         node = Node(name, process, port, progress_port)
         wait_until(lambda: process.poll() is not None or _ready(port), 30, f"exporter {name} to be ready")
         assert process.poll() is None, log.read_text()
+        # Ready means every collector ran once; /metrics serves their series a debounce later.
+        if gpus:
+            wait_until(lambda: _serves(port, "raypulse_gpu_up{"), 30, f"exporter {name}'s GPU series")
         self.nodes.append(node)
         self.sd.add(name, role, port)
         return node
+
+
+def _serves(port: int, text: str) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        return text in response.read().decode()
 
 
 def _ready(port: int) -> bool:

@@ -80,17 +80,28 @@ def parse(text: str) -> list[Sample]:
     return samples
 
 
+def fetch_metrics(url: str, access: ExporterAccess | None, timeout: float = READ_TIMEOUT_S) -> str:
+    """An exporter's /metrics text (`url` is its base URL), gzip on the wire, through `access` when
+    it has a web config. Raises OSError/ValueError/EOFError as urllib and gzip do."""
+    request = urllib.request.Request(url.rstrip("/") + wire.METRICS_PATH, headers={"Accept-Encoding": "gzip"})
+    opened = access.urlopen(request, timeout) if access else urllib.request.urlopen(request, timeout=timeout)
+    with opened as response:
+        body = response.read()
+        if response.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+    return body.decode(errors="replace")
+
+
+def fetch_sd(sd_url: str, access: ExporterAccess | None, timeout: float = READ_TIMEOUT_S) -> list[dict]:
+    """The target groups the head exporter's /sd lists."""
+    opened = access.urlopen(sd_url, timeout) if access else urllib.request.urlopen(sd_url, timeout=timeout)
+    with opened as response:
+        return json.loads(response.read())
+
+
 def read(target: Target, timeout: float = READ_TIMEOUT_S) -> NodeRead:
-    request = urllib.request.Request(target.url.rstrip("/") + wire.METRICS_PATH,
-                                     headers={"Accept-Encoding": "gzip"})
     try:
-        opened = target.access.urlopen(request, timeout) if target.access else urllib.request.urlopen(
-            request, timeout=timeout)
-        with opened as response:
-            body = response.read()
-            if response.headers.get("Content-Encoding") == "gzip":
-                body = gzip.decompress(body)
-        return NodeRead(target, parse(body.decode(errors="replace")))
+        return NodeRead(target, parse(fetch_metrics(target.url, target.access, timeout)))
     except (OSError, ValueError, EOFError) as exc:  # URLError, timeouts, refused, a broken body
         return NodeRead(target, error=str(getattr(exc, "reason", exc)))
 
@@ -106,12 +117,9 @@ def read_all(targets: Iterable[Target]) -> list[NodeRead]:
 
 def sd_targets(sd_url: str, timeout: float = READ_TIMEOUT_S, access: ExporterAccess | None = None) -> list[Target]:
     """Every node's exporter as the head exporter's /sd lists them (with `access`: all read through it)."""
-    opened = access.urlopen(sd_url, timeout) if access else urllib.request.urlopen(sd_url, timeout=timeout)
-    with opened as response:
-        groups = json.loads(response.read())
     scheme = access.scheme if access else "http"
     found = []
-    for group in groups:
+    for group in fetch_sd(sd_url, access, timeout):
         labels = group.get("labels") or {}
         for address in group.get("targets") or []:
             found.append(Target(node=str(labels.get("node") or address), url=f"{scheme}://{address}", access=access))
