@@ -3,7 +3,7 @@ simulated GPUs, beside prometheus-node-exporter under the same conditions.
 
 Targets (issue 15): RSS <= 60 MB, scrape p99 <= 2 ms at one client, idle CPU <= 1% of one core.
 
-Five processes run side by side, on loopback, in the same minutes:
+These processes run side by side, on loopback, in the same minutes:
 
 - `8 simulated GPUs`: `exporter serve --simulate-gpus 8`, default collectors and intervals: the one measured;
 - `8 simulated GPUs, accounted`: the same, started through `serve_accounted()` below, which times with the
@@ -13,8 +13,11 @@ Five processes run side by side, on loopback, in the same minutes:
   on real GPUs), hence this accounting: it splits the exporter's own CPU from the simulator's, which the
   real driver answers in C;
 - `GPU collectors off`: `--disable-collector gpu --disable-collector gpu_events`, the node without GPUs;
-- `8 simulated GPUs, malloc arenas capped`: the first one with glibc's malloc arenas capped at 2
-  (`ARENAS_PRELUDE`), a fix to weigh;
+- `8 simulated GPUs, baseline`: with `--baseline DIR`, the same started from another checkout (e.g. `git
+  worktree add /tmp/base HEAD~3`), to weigh a change against what it replaces in the same minutes;
+- `the floor`: aiohttp serving fixed bytes (the first exporter's body, copied once) with no collectors,
+  no threads: what the client, loopback, aiohttp and this machine's scheduling cost a scrape by themselves,
+  the lowest latency any aiohttp server can show here;
 - `node_exporter`: its default collectors (less systemd: no D-Bus here).
 
 Every raypulse exporter gets its own progress port and `--ray-node-id` of a node that does not exist, so a
@@ -29,7 +32,7 @@ Ray cluster of another run on this host is not watched (its Ray collectors see a
    imports the exporter needs, loaded one group after another in a fresh interpreter, and the Python
    allocations of a running exporter by area (tracemalloc).
 
-    python -m bench.footprint [--idle-seconds 60] [--rounds 3] [--round-seconds 10] [--pace-ms 20]
+    python -m bench.footprint [--idle-seconds 60] [--rounds 3] [--round-seconds 10] [--pace-ms 20] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -163,7 +166,7 @@ def serve_accounted() -> None:
 
     for name, member in list(vars(SimulatedNvml).items()):
         if name.startswith("nvml") and callable(member):
-            part = ("simulator: the XID watcher's event wait (a 20 ms poll where the driver blocks)"
+            part = ("simulator: the XID watcher's event wait (a 200 ms poll where the driver blocks)"
                     if name.startswith("nvmlEventSetWait") else "simulator: the collector's NVML calls")
             setattr(SimulatedNvml, name, _timed(part, member))
     for name, cls in load_collectors().items():
@@ -192,6 +195,7 @@ class Target:
     process: subprocess.Popen
     url: str  # base URL
     ours: bool = True
+    role: str = ""  # what the report compares it as: ours, accounted, off, baseline, floor, theirs
     accounting: Path | None = None
     latencies: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
@@ -216,15 +220,25 @@ class Target:
         raise SystemExit(f"{self.name}: no accounting written to {self.accounting}")
 
 
-# A fix to weigh, measured as a variant: glibc's malloc arenas capped at 2 (M_ARENA_MAX is -8) before any thread
-# starts. Every collector run is a fresh thread, and threads spread the heap over up to 8 arenas per core.
-ARENAS_PRELUDE = ("import ctypes; ctypes.CDLL('libc.so.6').mallopt(-8, 2); "
-                  "from exporter.cli import main; main()")
+# The floor: aiohttp serving fixed bytes, gzipped or not as asked, on every path; argv: port, body file.
+FLOOR_SERVER = """
+import gzip, sys
+from aiohttp import web
+body = open(sys.argv[2], "rb").read()
+gzipped = gzip.compress(body, 1, mtime=0)
+async def serve(request):
+    if "gzip" in request.headers.get("Accept-Encoding", ""):
+        return web.Response(body=gzipped, headers={"Content-Encoding": "gzip"}, content_type="text/plain")
+    return web.Response(body=body, content_type="text/plain")
+app = web.Application()
+app.router.add_get("/{path:.*}", serve)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+"""
 ACCOUNTED_PRELUDE = "from bench.footprint import serve_accounted; serve_accounted()"
 
 
 def start_ours(name: str, *args: str, env: dict[str, str] | None = None, prelude: str | None = None,
-               accounting: Path | None = None) -> Target:
+               accounting: Path | None = None, role: str = "", cwd: Path = REPO) -> Target:
     port = free_port()
     command = [sys.executable, "-m", "exporter"] if prelude is None else [sys.executable, "-c", prelude]
     command += ["serve", "--listen", f"127.0.0.1:{port}", "--log-level", "error",
@@ -232,8 +246,15 @@ def start_ours(name: str, *args: str, env: dict[str, str] | None = None, prelude
     environ = {**os.environ, **(env or {})}
     if accounting is not None:
         environ[ACCOUNTING_ENV] = str(accounting)
-    process = subprocess.Popen(command, cwd=REPO, env=environ)
-    return Target(name, process, f"http://127.0.0.1:{port}", accounting=accounting)
+    process = subprocess.Popen(command, cwd=cwd, env=environ)
+    return Target(name, process, f"http://127.0.0.1:{port}", accounting=accounting, role=role)
+
+
+def start_floor(body: Path) -> Target:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, str(port), str(body)], cwd=REPO)
+    return Target("the floor: aiohttp serving fixed bytes", process, f"http://127.0.0.1:{port}", ours=False,
+                  role="floor")
 
 
 def start_node_exporter() -> Target:
@@ -244,7 +265,7 @@ def start_node_exporter() -> Target:
     # Its default collectors, less systemd, which only fails (no D-Bus) on a machine without systemd.
     process = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}", "--log.level=error",
                                 "--no-collector.systemd"], stderr=subprocess.DEVNULL)
-    return Target("node_exporter", process, f"http://127.0.0.1:{port}", ours=False)
+    return Target("node_exporter", process, f"http://127.0.0.1:{port}", ours=False, role="theirs")
 
 
 HEADERS = {"Accept": ACCEPT, "Accept-Encoding": "gzip"}
@@ -323,23 +344,31 @@ def measure(args: argparse.Namespace) -> tuple[list[Target], dict[str, int], Spl
     args.load = [load_average()]
     workdir = Path(tempfile.mkdtemp(prefix="raypulse-footprint-"))
     gpus = ("--simulate-gpus", str(GPUS))
-    targets = [start_ours(f"raypulse, {GPUS} simulated GPUs", *gpus),
+    targets = [start_ours(f"raypulse, {GPUS} simulated GPUs", *gpus, role="ours"),
                start_ours(f"raypulse, {GPUS} simulated GPUs, accounted", *gpus, prelude=ACCOUNTED_PRELUDE,
-                          accounting=workdir / "accounting.json"),
+                          accounting=workdir / "accounting.json", role="accounted"),
                start_ours("raypulse, GPU collectors off", "--disable-collector", "gpu", "--disable-collector",
-                          "gpu_events"),
-               start_ours(f"raypulse, {GPUS} simulated GPUs, malloc arenas capped", *gpus, prelude=ARENAS_PRELUDE),
-               start_node_exporter()]
+                          "gpu_events", role="off")]
+    if args.baseline:
+        targets.append(start_ours(f"raypulse, {GPUS} simulated GPUs, baseline ({args.baseline})", *gpus,
+                                  role="baseline", cwd=Path(args.baseline).resolve()))
+    targets.append(start_node_exporter())
     try:
         for target in targets:
             wait_ready(target.url + ("/readyz" if target.ours else "/metrics"))
         # Two GPU runs (GPM's series exist from the second on), and one OpenMetrics scrape as Prometheus makes:
         # from then on OpenMetrics is rendered ahead on every change, as it is for Prometheus.
         time.sleep(11)
+        body = workdir / "body.txt"
+        with urllib.request.urlopen(urllib.request.Request(targets[0].url + "/metrics", headers={"Accept": ACCEPT}),
+                                    timeout=10) as response:
+            body.write_bytes(response.read())
+        targets.insert(-1, start_floor(body))
+        wait_ready(targets[-2].url + "/metrics")
         asyncio.run(_scrape_once(targets))
         time.sleep(args.settle_seconds)
 
-        accounted = targets[1]
+        accounted = next(t for t in targets if t.role == "accounted")
         before_cpu = {t.name: cpu_seconds(t.process.pid) for t in targets}
         before_split = accounted.accounted()
         time.sleep(args.idle_seconds)
@@ -374,16 +403,13 @@ def measure(args: argparse.Namespace) -> tuple[list[Target], dict[str, int], Spl
 
 _IMPORT_GROUPS: list[tuple[str, list[str]]] = [
     ("asyncio, ssl (libssl, libcrypto)", ["asyncio", "ssl"]),
-    ("aiohttp, server and client (attrs, email, http.cookies, yarl, multidict; two default SSL contexts)",
-     ["aiohttp", "aiohttp.web"]),
+    ("aiohttp, server and client (attrs, email, http.cookies, yarl, multidict; two default SSL contexts, their "
+     "CA store loaded when first used)", ["exporter.aiohttp_ca", "aiohttp.web"]),
     ("pydantic", ["pydantic", "pydantic.main"]),
-    ("pydantic-settings", ["pydantic_settings"]),
     ("click", ["click"]),
-    ("PyYAML", ["yaml"]),
     ("prometheus_client", ["prometheus_client", "prometheus_client.openmetrics.exposition"]),
     ("pynvml (nvidia-ml-py)", ["pynvml"]),
     ("exporter: config models", ["exporter.config"]),
-    ("exporter: the gpu-fault command (exporter.gpusim.cli, which the CLI imports)", ["exporter.gpusim.cli"]),
     ("exporter: CLI, server", ["exporter.cli", "exporter.server"]),
     ("exporter: every collector and the catalog", ["+collectors"]),
     ("GPU simulator (exporter.gpusim.nvml)", ["exporter.gpusim.nvml"]),
@@ -499,7 +525,8 @@ def report(targets: list[Target], series: dict[str, int], split: Split, costs: l
               f"| {t.memory['pss'] / MB:.1f} | {t.memory['anon'] / MB:.1f} | " + " | ".join(latency)
               + f" | {t.idle_cpu * 100:.2f} | {paced * 100:.2f} |")
 
-    ours, accounted, off, arenas, theirs = targets
+    role = {t.role: t for t in targets}
+    ours, accounted, off, floor, theirs = role["ours"], role["accounted"], role["off"], role["floor"], role["theirs"]
     p50, p99 = percentile(ours.latencies, 50) * ms, percentile(ours.latencies, 99) * ms
     rss = ours.memory["rss"] / MB
     simulator = sum(share for name, share in split.parts.items() if name.startswith("simulator"))
@@ -522,9 +549,17 @@ def report(targets: list[Target], series: dict[str, int], split: Split, costs: l
     print(f"\nWhat {GPUS} simulated GPUs add (against `{off.name}`): RSS "
           f"{(ours.memory['rss'] - off.memory['rss']) / MB:+.1f} MB, idle CPU "
           f"{(ours.idle_cpu - off.idle_cpu) * 100:+.2f}% of a core, series x{series[ours.name] / series[off.name]:.1f}")
-    print(f"Malloc arenas capped at 2 (`{arenas.name}`): RSS {(arenas.memory['rss'] - ours.memory['rss']) / MB:+.1f} "
-          f"MB, peak {(arenas.memory['peak'] - ours.memory['peak']) / MB:+.1f} MB, idle CPU "
-          f"{(arenas.idle_cpu - ours.idle_cpu) * 100:+.2f}% of a core")
+    print(f"The floor (`{floor.name}`, the same body): p50 {percentile(floor.latencies, 50) * ms:.2f} ms, p99 "
+          f"{percentile(floor.latencies, 99) * ms:.2f} ms; ours less the floor: p50 "
+          f"{p50 - percentile(floor.latencies, 50) * ms:+.2f} ms, "
+          f"p99 {p99 - percentile(floor.latencies, 99) * ms:+.2f} ms")
+    base = role.get("baseline")
+    if base is not None:
+        print(f"Against the baseline (`{base.name}`): RSS {(ours.memory['rss'] - base.memory['rss']) / MB:+.1f} MB, "
+              f"peak {(ours.memory['peak'] - base.memory['peak']) / MB:+.1f} MB, idle CPU "
+              f"{(ours.idle_cpu - base.idle_cpu) * 100:+.2f}% of a core, p50 "
+              f"{p50 - percentile(base.latencies, 50) * ms:+.2f} ms, "
+              f"p99 {p99 - percentile(base.latencies, 99) * ms:+.2f} ms")
     errors = {t.name: dict(t.errors) for t in targets if t.errors}
     print(f"Scrape errors: {errors or 'none'}")
 
@@ -569,6 +604,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--round-seconds", type=float, default=10.0, help="paced scraping per target per round")
     parser.add_argument("--pace-ms", type=float, default=20.0, help="one scrape every this many ms")
+    parser.add_argument("--baseline", metavar="DIR", help="also run the exporter of this checkout, side by side")
     args = parser.parse_args()
     costs = import_costs()
     targets, series, split = measure(args)

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
-from exporter import __version__, plugins, profiles, redact
+# aiohttp_ca first: it imports aiohttp (which plugins import) with its CA store loaded only when first used.
+from exporter import __version__, aiohttp_ca, plugins, profiles, redact  # noqa: F401
 from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig, unknown_environment
-from exporter.gpusim.cli import gpu_fault
 
 EXIT_CONFIG_ERROR = 2
 
@@ -153,7 +154,40 @@ class _NodeExporterFlags(click.Command):
         return super().parse_args(ctx, node_exporter_collector_flags(args))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+M_ARENA_MAX = -8  # glibc's mallopt() parameter (malloc.h)
+
+
+def cap_malloc_arenas(arenas: int = 2) -> None:
+    """Cap glibc's malloc arenas before any thread starts. glibc gives threads that allocate at once
+    arenas of their own, up to 8 per core, each holding freed memory; the exporter's threads mostly
+    wait, and two arenas serve them (measured: 1 to 2 MB less RSS, CPU the same; docs/benchmarks.md).
+    MALLOC_ARENA_MAX in the environment wins (glibc reads it itself); nothing happens off glibc."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    import contextlib
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # not glibc (musl has no arenas to cap)
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas)
+
+
+class _Commands(click.Group):
+    """The commands, some loaded only when named (or listed by --help): `exporter serve` does without
+    their modules."""
+
+    LAZY: ClassVar[dict[str, tuple[str, str]]] = {"gpu-fault": ("exporter.gpusim.cli", "gpu_fault")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY:
+            module, attribute = self.LAZY[name]
+            return getattr(importlib.import_module(module), attribute)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="raypulse exporter")
 def main() -> None:
     """raypulse exporter: job, node/pod and GPU metrics of a Ray node for Prometheus."""
@@ -163,6 +197,7 @@ def main() -> None:
 @_config_options
 def serve(config_file: Path | None, **flag_args: Any) -> None:
     """Serve /metrics, /healthz, /readyz and / until interrupted."""
+    cap_malloc_arenas()
     config = _load(config_file, **flag_args)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from exporter.server import serve as run_server
@@ -212,9 +247,6 @@ def _write(text: str, output: Path | None) -> None:
         output.write_text(text)
     else:
         click.echo(text, nl=False)
-
-
-main.add_command(gpu_fault)  # exporter gpu-fault: fault injection for simulated GPUs
 
 
 @main.command()

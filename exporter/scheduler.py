@@ -1,11 +1,12 @@
 """Runs every collector on its own interval with a deadline, and keeps their health.
 
-One task per collector. A blocking collector runs in a fresh daemon thread per run; when it
-misses its deadline the run is abandoned (never joined), the collector is marked stuck, and no
-new run starts until that thread returns, so a wedged source costs one thread, not one per
-interval. A successful run publishes an immutable snapshot; a failed one keeps the previous
-snapshot until it is older than `stale_after_intervals` intervals, after which its series are
-dropped rather than served frozen.
+One task per collector. A blocking collector runs in one of a few long-lived daemon threads
+(`Workers`: a thread per run would make the event loop wait for each new thread to start, and
+spread the heap over more malloc arenas); when it misses its deadline the run is abandoned (never
+joined), the collector is marked stuck and keeps its thread, and no new run starts until that
+thread returns, so a wedged source costs one thread, not one per interval. A successful run
+publishes an immutable snapshot; a failed one keeps the previous snapshot until it is older than
+`stale_after_intervals` intervals, after which its series are dropped rather than served frozen.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import platform
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -100,7 +102,7 @@ class CollectorRunner:
         if isinstance(self.collector, AsyncCollector):
             return asyncio.ensure_future(self._collect_async())
         assert isinstance(self.collector, BlockingCollector)
-        self._in_flight = _run_in_daemon_thread(loop, self.collector)
+        self._in_flight = _run_in_worker(loop, self.collector)
         # shield: a timeout abandons the wait, not the thread's future, so `stuck` stays true.
         return asyncio.shield(self._in_flight)
 
@@ -118,8 +120,46 @@ class CollectorRunner:
             self._failing_since_logged = True
 
 
-def _run_in_daemon_thread(loop: asyncio.AbstractEventLoop, collector: BlockingCollector) -> asyncio.Future[SampleSink]:
-    """Run one collection in a daemon thread (a stuck one must never block interpreter exit)."""
+class Workers:
+    """Daemon threads that run blocking collections, kept between runs: a run takes an idle thread or,
+    when every one is busy (or stuck), starts one; a thread idle for `idle_seconds` ends. A thread is
+    named after the collector it runs (`collector-gpu`) and `collector-idle` between runs."""
+
+    def __init__(self, idle_seconds: float = 60.0) -> None:
+        self.idle_seconds = idle_seconds
+        self._runs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a run, less the runs queued for them
+
+    def submit(self, run: Callable[[], None]) -> None:
+        with self._lock:
+            self._runs.put(run)
+            if self._idle:
+                self._idle -= 1
+                return
+        threading.Thread(target=self._work, name="collector-idle", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                run = self._runs.get(timeout=self.idle_seconds)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle:  # more threads wait than runs are queued: this one may end
+                        self._idle -= 1
+                        return
+                continue  # a run was queued for this thread just now
+            run()
+            threading.current_thread().name = "collector-idle"
+            with self._lock:
+                self._idle += 1
+
+
+WORKERS = Workers()
+
+
+def _run_in_worker(loop: asyncio.AbstractEventLoop, collector: BlockingCollector) -> asyncio.Future[SampleSink]:
+    """Run one collection in a worker thread (daemon: a stuck one must never block interpreter exit)."""
     future: asyncio.Future[SampleSink] = loop.create_future()
     # A late failure nobody awaits any more must not be logged as "never retrieved".
     future.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -133,6 +173,7 @@ def _run_in_daemon_thread(loop: asyncio.AbstractEventLoop, collector: BlockingCo
             future.set_result(result)
 
     def target() -> None:
+        threading.current_thread().name = f"collector-{collector.name}"
         sink = SampleSink(collector.name)
         try:
             collector.collect(sink)
@@ -143,7 +184,7 @@ def _run_in_daemon_thread(loop: asyncio.AbstractEventLoop, collector: BlockingCo
         with contextlib.suppress(RuntimeError):  # the loop closed while we were stuck: shutting down
             loop.call_soon_threadsafe(settle, *outcome)
 
-    threading.Thread(target=target, name=f"collector-{collector.name}", daemon=True).start()
+    WORKERS.submit(target)
     return future
 
 

@@ -37,10 +37,10 @@ from exporter.nodeexporter_sd import node_exporter_groups
 from exporter.progress_server import ProgressEndpoint
 from exporter.scheduler import Scheduler
 from exporter.shared import Shared
-from exporter.webconfig import WebConfig, load_web_config, middlewares, ssl_context
 
 if TYPE_CHECKING:
     from exporter.otlp import OtlpPusher
+    from exporter.webconfig import Middleware, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +72,17 @@ class Exporter:
     def __init__(self, config: ExporterConfig, collectors: Sequence[Collector] | None = None,
                  web_config: WebConfig | None = None, shared: Shared | None = None) -> None:
         self.config = config
+        # exporter.webconfig (its models are ~1 MB) is loaded only where a web config is given.
         if web_config is None and config.web_config_file is not None:
+            from exporter.webconfig import load_web_config
+
             web_config = load_web_config(config.web_config_file)
-        self.web_config = web_config or WebConfig()
-        self._ssl: ssl.SSLContext | None = (ssl_context(self.web_config.tls_server_config)
-                                            if self.web_config.tls_server_config else None)
+        self.web_config = web_config  # None: plain HTTP, no auth
+        self._ssl: ssl.SSLContext | None = None
+        if web_config is not None and web_config.tls_server_config:
+            from exporter.webconfig import ssl_context
+
+            self._ssl = ssl_context(web_config.tls_server_config)
         self.shared = shared or Shared.for_config(config)
         self.collectors = list(collectors) if collectors is not None else enabled_collectors(config, self.shared)
         self.guard = Guard(config.http)
@@ -96,7 +102,12 @@ class Exporter:
     def make_app(self) -> web.Application:
         # The web config's (rate limit, headers, client SANs, basic auth) come first: a request refused
         # by them never holds one of the scrape slots.
-        app = web.Application(middlewares=[*middlewares(self.web_config), self.guard.scrape_limit()])
+        configured: list[Middleware] = []
+        if self.web_config is not None:
+            from exporter.webconfig import middlewares
+
+            configured = middlewares(self.web_config)
+        app = web.Application(middlewares=[*configured, self.guard.scrape_limit()])
         app.router.add_get(wire.METRICS_PATH, self._metrics)
         app.router.add_get(wire.HEALTH_PATH, self._healthz)
         app.router.add_get("/readyz", self._readyz)

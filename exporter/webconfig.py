@@ -37,7 +37,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import bcrypt
 from aiohttp import web
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -120,6 +119,8 @@ def bcrypt_cost(hashed: str | bytes) -> int:
     cost = int(text[4:6])
     if not 4 <= cost <= 31:
         raise ValueError(f"bcrypt's cost is 04 to 31, this hash says {text[4:6]}")
+    import bcrypt  # here and below: loaded only where a web config has users
+
     try:  # bcrypt parses the salt and checksum; at cost 4 so that loading stays quick whatever the cost
         bcrypt.checkpw(b"", (text[:4] + "04" + text[6:]).encode())
     except ValueError as exc:
@@ -438,6 +439,8 @@ def _cpu_count() -> int:
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:
+    import bcrypt
+
     try:
         return bcrypt.checkpw(password, hashed)
     except ValueError:  # bcrypt refuses the input; it matches nothing
@@ -472,6 +475,8 @@ class BasicAuth:
         self.dummy_cost = max((bcrypt_cost(hashed) for hashed in users.values()), default=10)
         # A hash no password matches, at that cost, made without paying the cost: a fresh salt and the
         # checksum of another hash (hashing at cost 20 would take a minute of start-up).
+        import bcrypt
+
         checksum = bcrypt.hashpw(os.urandom(18).hex().encode(), bcrypt.gensalt(rounds=4))[29:]
         self.dummy_hash = bcrypt.gensalt(rounds=self.dummy_cost) + checksum
         self.slots = slots or _cpu_count()

@@ -36,6 +36,40 @@ def test_per_collector_settings_from_the_environment():
     assert config.collector_settings("memory").interval_seconds is None
 
 
+def test_the_environment_nests_as_the_file_does_lists_and_mappings_in_json():
+    config = load_config(environ={
+        "raypulse_exporter_log_level": "debug",  # names in any case
+        "RAYPULSE_EXPORTER_NODE__CHECKPOINT_PATHS": '["/ckpt", "/scratch"]',
+        "RAYPULSE_EXPORTER_OTLP__HEADERS": '{"x-api-key": "k"}',
+        "RAYPULSE_EXPORTER_GPU": '{"simulate": 2, "simulate_model": "A100"}',  # a whole section in JSON ...
+        "RAYPULSE_EXPORTER_GPU__SIMULATE_MODEL": "H100",  # ... and one of its fields, which wins
+        "RAYPULSE_EXPORTER_COLLECTORS": '{"cpu": {"enabled": false}}',
+        "RAYPULSE_EXPORTER_COLLECTORS__TCP__ENABLED": "true",
+        "RAYPULSE_EXPORTER_CLUSTER": "c1",
+        "OTHER_VARIABLE": "ignored"})
+    assert config.log_level == "debug"
+    assert config.node.checkpoint_paths == (Path("/ckpt"), Path("/scratch"))
+    assert config.otlp.headers == {"x-api-key": "k"}
+    assert (config.gpu.simulate, config.gpu.simulate_model) == (2, "H100")
+    assert config.collector_settings("cpu").enabled is False
+    assert config.collector_settings("tcp").enabled is True
+    assert config.cluster == "c1"
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"RAYPULSE_EXPORTER_GPU__SIMULATE": "many"}, "gpu.simulate: Input should be a valid integer"),
+    ({"RAYPULSE_EXPORTER_GPU__NOPE": "1"}, "gpu.nope: unknown setting"),
+    ({"RAYPULSE_EXPORTER_OTLP__HEADERS": "k=v"}, "RAYPULSE_EXPORTER_OTLP__HEADERS (otlp.headers) is not valid JSON"),
+    ({"RAYPULSE_EXPORTER_GPU": "{"}, "RAYPULSE_EXPORTER_GPU (gpu) is not valid JSON"),
+])
+def test_a_bad_environment_variable_names_the_field(environ, expected):
+    with pytest.raises(ConfigError) as error:
+        load_config(environ=environ)
+    assert expected in str(error.value)
+    if "JSON" not in expected:
+        assert "(from environment (RAYPULSE_EXPORTER_*))" in str(error.value)
+
+
 @pytest.mark.parametrize(("flags", "environ", "expected"), [
     ({"listen": "localhost"}, {}, "listen: expected HOST:PORT"),
     ({"listen": "127.0.0.1:70000"}, {}, "listen: expected HOST:PORT"),

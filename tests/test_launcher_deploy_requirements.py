@@ -20,6 +20,7 @@ import exporter.cli, exporter.server, exporter.collector, exporter.webconfig
 from exporter.collector import load_collectors
 load_collectors()
 import pynvml
+import bcrypt  # exporter.webconfig imports it where a web config has users
 print(json.dumps(sorted({name.split(".")[0] for name in set(sys.modules) - before})))
 """
 

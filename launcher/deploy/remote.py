@@ -63,7 +63,7 @@ class AgentRun:
 # What `exporter serve` imports that `ray[default]` does not install (Ray brings aiohttp, pydantic,
 # prometheus-client, pyyaml, click, opentelemetry-sdk). tests/test_launcher_deploy_requirements.py keeps
 # this list complete against what the exporter really imports.
-NOT_WITH_RAY = ("pydantic-settings", "bcrypt", "psutil", "nvidia-ml-py")
+NOT_WITH_RAY = ("bcrypt", "nvidia-ml-py")
 
 
 def exporter_requirements() -> tuple[str, ...]:
