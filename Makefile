@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter chromium
 
-.PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint docs dashboards alerts drill heal-drill clean
+.PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint bench-progress docs dashboards \
+	alerts drill rl-drill heal-drill clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +56,11 @@ bench-footprint: install system-deps
 bench-launch: install
 	flock /tmp/raypulse-ray.lock $(PY) -m bench.launch
 
+# The progress client's cost per call (report, phase, report_iteration) against a bare loop, with an
+# exporter and with none listening: docs/benchmarks.md.
+bench-progress: install
+	$(PY) -m bench.progress_client
+
 docs: install
 	$(VENV)/bin/exporter metrics --format markdown --output docs/metrics.md
 	$(VENV)/bin/exporter config-reference --output docs/configuration.md
@@ -70,6 +76,10 @@ alerts: install
 # The alert fault drill (a real Ray cluster, Prometheus, Alertmanager): writes docs/alerts-drill.md.
 drill: install system-deps
 	flock /tmp/raypulse-ray.lock $(PY) -m scripts.drill --output docs/alerts-drill.md
+
+# The RL drill (RLlib's PPO on a real Ray cluster, every RL fault, the RL board): writes docs/rl-drill.md.
+rl-drill: install system-deps
+	flock /tmp/raypulse-ray.lock $(PY) -m scripts.rl_drill --output docs/rl-drill.md
 
 # The healing drill (real Ray clusters, one fault each): writes docs/healing-drill.md.
 heal-drill: install system-deps

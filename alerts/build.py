@@ -64,7 +64,8 @@ def render_doc(config: Config = DEFAULT) -> str:
              "Rule files: `alerts/rules/*.yaml`. Thresholds and durations: `alerts/config.py` (TUNING), the one",
              "place to change them; then `make alerts`. What each alert means and what to do: "
              "[runbooks.md](runbooks.md).",
-             "The fault drill's results: [alerts-drill.md](alerts-drill.md).", ""]
+             "The fault drills' results: [alerts-drill.md](alerts-drill.md) (every group but `rl`), "
+             "[rl-drill.md](rl-drill.md) (the `rl` group, on RLlib).", ""]
     for group in groups(config):
         lines += [f"## {group.title}", "", f"`alerts/rules/{group.name}.yaml`", "",
                   "| alert | severity | for | parameters | summary |", "|---|---|---|---|---|"]

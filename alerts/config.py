@@ -156,7 +156,8 @@ TUNING: dict[str, Tune] = {
     "RaypulseTrainingCheckpointTooOld": tune("0s", age="2h"),
     "RaypulseTrainingStragglerRank": tune("10m", window="10m", ratio=0.5),  # rank speed vs. the job's median
     # RL post-training (what an RL loop reports through progress.phase / progress.report_iteration)
-    "RaypulseRLRewardCollapsed": tune("10m", window="10m", baseline="1h", skip="10m", zscore=3.0),
+    # skip > window + for: the baseline stays clear of the drop for as long as the alert is pending
+    "RaypulseRLRewardCollapsed": tune("10m", window="10m", baseline="1h", skip="30m", zscore=3.0),
     "RaypulseRLKLHigh": tune("10m", kl=0.5),  # per-token KL of a healthy run is usually well under 0.1
     "RaypulseRLResponsesTruncated": tune("15m", ratio=0.20),  # share of responses cut at the length limit
     "RaypulseRLPhaseStalled": tune("1m", age="30m", factor=5.0),  # running > max(age, factor x last iteration's)

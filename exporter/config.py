@@ -6,16 +6,16 @@ names the field, where it came from, and what is expected.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin
 
-import yaml
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporter import profiles, strict, wire
 
@@ -141,6 +141,17 @@ LISTEN_OFF = "off"
 _LABEL_VALUE = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$"
 
 
+# An actor's part in an RL run (or any Ray workload), from its class name: rollout and inference
+# engines, RLlib's EnvRunners generate; learners, Ray Train's workers (RayTrainWorker, and _WrappedExecutable,
+# which is how RLlib's LearnerGroup runs its Learners) train.
+DEFAULT_ACTOR_ROLES = {
+    "generator": r"(?i)generat|rollout|sampler|env_?runner|inference|vllm|llm_?engine|sglang",
+    "trainer": r"(?i)trainer|learner|train_?worker|wrappedexecutable|fsdp|megatron|deepspeed",
+}
+MAX_ACTOR_ROLES = 8
+ACTOR_ROLE_NAME = r"[a-z][a-z0-9_]{0,31}"
+
+
 class RaySettings(_Strict):
     dashboard_url: str | None = Field(None, pattern=r"^https?://[^\s/]+/?$", description=(
         "Ray dashboard base URL (http://head:8265); the Ray token is sent there. Unset: the dashboard a raylet "
@@ -163,6 +174,25 @@ class RaySettings(_Strict):
         "Finished jobs stay exported this long after they end, then their series go away."))
     max_finished_jobs: int = Field(100, ge=0, le=10000, description="At most this many finished jobs "
                                    "(the most recent) are exported; running and pending jobs always are.")
+    actor_roles: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ACTOR_ROLES), description=(
+        "Role -> regular expression searched in an actor's class name (first match wins): the `actor_role` "
+        "label of the raypulse_job_process_* families and the raypulse_job_role_gpu_* families, the RL "
+        "board's generator vs trainer view. At most 8 roles, named like `generator`; an actor matching "
+        "none has no role."))
+
+    @field_validator("actor_roles")
+    @classmethod
+    def _valid_roles(cls, roles: dict[str, str]) -> dict[str, str]:
+        if len(roles) > MAX_ACTOR_ROLES:
+            raise ValueError(f"at most {MAX_ACTOR_ROLES} roles (got {len(roles)}): merge some patterns")
+        for role, pattern in roles.items():
+            if not re.fullmatch(ACTOR_ROLE_NAME, role):
+                raise ValueError(f"role {role!r}: a role is lower case letters, digits and _ (e.g. generator)")
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"role {role!r}: {pattern!r} is not a regular expression ({error})") from None
+        return roles
 
 
 class ProgressSettings(_Strict):
@@ -250,11 +280,11 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-class ExporterConfig(BaseSettings):
-    """The whole configuration; the YAML file has the same shape."""
+class ExporterConfig(strict.Strict):
+    """The whole configuration; the YAML file has the same shape, and so do the RAYPULSE_EXPORTER_*
+    variables (`__` nests; see _environment_values)."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid",
-                                      frozen=True)
+    model_config = ConfigDict(frozen=True, validate_default=True)
 
     listen: str = Field(f"0.0.0.0:{DEFAULT_PORT}", description="HOST:PORT the HTTP server listens on.")
     web_config_file: Path | None = Field(None, description="TLS and basic auth, exporter-toolkit format.")
@@ -311,6 +341,8 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 def read_yaml_file(path: Path, what: str) -> dict[str, Any]:
     """Read a YAML mapping, turning I/O and syntax problems into ConfigErrors naming the file."""
+    import yaml  # only when there is a file: `exporter serve` without one does without PyYAML (0.8 MB)
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -388,20 +420,82 @@ def _origin(loc: list[str], sources: list[tuple[str, Mapping[str, Any]]]) -> str
 
 
 def unknown_environment(environ: Mapping[str, str]) -> list[str]:
-    """RAYPULSE_EXPORTER_* variables whose first part names no setting: pydantic-settings ignores them
-    silently (a wrong name inside a section, RAYPULSE_EXPORTER_GPU__X, is refused by the model)."""
+    """RAYPULSE_EXPORTER_* variables whose first part names no setting: they are left out of the
+    configuration, so whoever starts the exporter warns of them (a wrong name inside a section,
+    RAYPULSE_EXPORTER_GPU__X, is refused by the model, naming the field)."""
     return sorted(name for name in environ if name.upper().startswith(ENV_PREFIX)
                   and name[len(ENV_PREFIX):].lower().split("__")[0] not in ExporterConfig.model_fields)
 
 
 def _environment_values(environ: Mapping[str, str]) -> dict[str, Any]:
-    source = EnvSettingsSource(ExporterConfig)
-    source.env_vars = {k.lower(): v for k, v in environ.items()}  # the given environment, not os.environ
-    try:
-        return source()
-    except SettingsError as exc:  # e.g. a list-valued variable that is not JSON
-        raise ConfigError(f"invalid configuration in the environment: {exc} (lists and mappings are JSON, "
-                          f"e.g. {ENV_PREFIX}NODE__CHECKPOINT_PATHS='[\"/ckpt\"]')") from None
+    """The RAYPULSE_EXPORTER_* variables as the nested mapping a YAML file gives, for the same models to
+    validate: names are case-insensitive, `__` nests (RAYPULSE_EXPORTER_NODE__PROCFS is node.procfs,
+    RAYPULSE_EXPORTER_COLLECTORS__CPU__ENABLED is collectors.cpu.enabled), a setting that is a list, a
+    mapping or a whole section takes JSON, and every other value stays a string that the model converts
+    (as it converts the file's). A section given as JSON and some of its fields one by one are merged, the
+    fields winning. Variables whose first part names no setting are left out (see unknown_environment)."""
+    found = []
+    for name, value in environ.items():
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        path = name[len(ENV_PREFIX):].lower().split("__")
+        if path[0] not in ExporterConfig.model_fields:
+            continue
+        takes_json = _takes_json(_annotation_at(path))
+        if takes_json:
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                if takes_json == "must":
+                    raise ConfigError(
+                        f"invalid configuration in the environment: {name} ({'.'.join(path)}) is not valid JSON "
+                        f"({exc}); lists and mappings are JSON, e.g. {ENV_PREFIX}NODE__CHECKPOINT_PATHS="
+                        "'[\"/ckpt\"]'") from None
+        found.append((path, value))
+    values: dict[str, Any] = {}
+    for path, value in sorted(found, key=lambda item: len(item[0])):  # a whole section first, then its fields
+        for key in reversed(path):
+            value = {key: value}
+        values = _deep_merge(values, value)
+    return values
+
+
+def _annotation_at(path: list[str]) -> Any:
+    """The type of the setting at `path` (through sections and mappings), None where no setting is."""
+    annotation: Any = ExporterConfig
+    for key in path:
+        annotation = _without_none(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(key)
+            if field is None:
+                return None
+            annotation = field.annotation
+        elif get_origin(annotation) is dict:
+            annotation = get_args(annotation)[1]
+        else:
+            return None
+    return annotation
+
+
+def _takes_json(annotation: Any) -> str:
+    """Whether a value for this type is JSON: "must" for a list, mapping or section, "may" for a union
+    with one among other types, "" otherwise."""
+    members = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    structured = [_is_structured(member) for member in members if member is not type(None)]
+    return "" if not any(structured) else "must" if all(structured) else "may"
+
+
+def _is_structured(annotation: Any) -> bool:
+    origin = get_origin(annotation) or annotation
+    return origin in (list, tuple, set, frozenset, dict) or (isinstance(origin, type) and issubclass(origin, BaseModel))
+
+
+def _without_none(annotation: Any) -> Any:
+    if get_origin(annotation) in (Union, types.UnionType):
+        members = [member for member in get_args(annotation) if member is not type(None)]
+        if len(members) == 1:
+            return members[0]
+    return annotation
 
 
 def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

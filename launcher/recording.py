@@ -55,8 +55,9 @@ STOP_WAIT_S = 3 * READ_TIMEOUT_S  # /sd, then the scrapes in parallel
 MAX_PARALLEL = 16
 
 # What is kept. Whole domains whose series are the run's own (bounded by the exporter per job and
-# rank): training progress per rank, the job's state, attempts and processes, and healing.
-ALLOWED_PREFIXES = ("raypulse_train_", "raypulse_job_", "raypulse_run_")
+# rank): training progress per rank, RL iterations and phases, the job's state, attempts and processes,
+# and healing.
+ALLOWED_PREFIXES = ("raypulse_train_", "raypulse_rl_", "raypulse_job_", "raypulse_run_")
 # From the per-node and per-GPU domains, the families a report draws or a fault shows in, and what
 # the dashboards join on or select with (the *_info series, the exporter's build info).
 ALLOWED_FAMILIES = frozenset({

@@ -52,6 +52,15 @@ def test_no_progress_from_any_rank_past_the_threshold_is_a_hang_with_its_evidenc
     assert (fault.at, fault.last_step, fault.node_out) == (START + 110, 41200, False)
 
 
+def test_an_rl_loop_that_reports_only_iterations_is_making_progress():
+    labels = f'job_id="02000000",submission_id="{SID}",rank="0"'
+    reads = [node("head", f"raypulse_rl_last_iteration_time_seconds{{{labels}}} {START + 100}\n"
+                          f"raypulse_rl_iteration{{{labels}}} 12\n")]
+    assert find(POLICY, reads, attempt(), Baseline(), now=START + 159) == []  # an iteration 59 s ago
+    [fault] = find(POLICY, reads, attempt(), Baseline(), now=START + 165)  # none for 65 s: a hang
+    assert fault.summary == "hang (rank 0 made no progress for 65 s; last step 12)"  # its iteration
+
+
 def test_progress_of_another_attempt_does_not_count():
     reads = [node("workers-1", ranks((0, START + 500, 9), sid="run-1-a1"))]  # attempt 1's series linger
     # This attempt reported nothing: the output rule applies, from when it started running.

@@ -84,8 +84,8 @@ def test_every_third_party_import_is_declared(package, extras):
     allowed = declared(*extras)
     missing = []
     for module, where in third_party_imports(package):
-        if module == "ray" and where == "exporter/progress.py":
-            continue  # its Ray Train helper, called only inside a Ray Train worker, where Ray is
+        if module == "ray" and where in ("exporter/progress.py", "exporter/progress_rllib.py"):
+            continue  # the Ray Train helper and the RLlib callback: imported only in Ray's workers, where Ray is
         candidates = {normalize(name) for name in distributions.get(module, [module])}
         if not candidates & allowed:
             missing.append(f"{where}: import {module} (distribution {sorted(candidates)})")

@@ -130,6 +130,9 @@ def run_the_jobs(s: Scenario, stop_file: Path) -> None:
         "resources_used": query(p, 'raypulse_ray_resource_used{resource="CPU"}'),
         "gpu_memory": query(p, f'raypulse_job_gpu_memory_used_bytes{{submission_id="{RUN}-2"}}'),
         "gpu_sm": query(p, f'raypulse_job_gpu_sm_utilization_ratio{{submission_id="{RUN}-2"}}'),
+        "role_gpus": query(p, f'sum by (actor_role) (raypulse_job_role_gpus{{submission_id="{RUN}-2"}})'),
+        "role_sm": query(p, f'avg by (actor_role) (raypulse_job_role_gpu_sm_utilization_ratio'
+                            f'{{submission_id="{RUN}-2"}})'),
     }
     stop_file.touch()
     s.cluster.wait_job(f"{RUN}-2", {"SUCCEEDED", "FAILED"})
@@ -233,6 +236,9 @@ def test_gpu_use_is_attributed_to_the_job_through_the_gpu_collector(scenario):
     assert all(r["metric"]["instance"].endswith(suffix(scenario.worker)) for r in memory)
     assert {r["metric"]["gpu"]: float(r["value"][1]) for r in scenario.while_running["gpu_sm"]} == \
         {"0": pytest.approx(0.5), "1": pytest.approx(0.5)}
+    # The actors' class is Trainer: both GPUs are the trainers' (ray.actor_roles), each half busy.
+    assert by(scenario.while_running["role_gpus"], "actor_role") == {"trainer": 2}
+    assert by(scenario.while_running["role_sm"], "actor_role") == {"trainer": pytest.approx(0.5)}
 
 
 def test_job_times_are_ordered(scenario):

@@ -321,7 +321,8 @@ def test_process_cpu_counters_keep_what_exited_processes_used_and_end_with_the_g
 
     collector = RayProcessesCollector(load_config({}, environ={}))
     actor = Identity("02000000", "run-1", "actor", "Trainer")
-    labels = {"job_id": "02000000", "submission_id": "run-1", "process_role": "actor", "actor_class": "Trainer"}
+    labels = {"job_id": "02000000", "submission_id": "run-1", "process_role": "actor", "actor_class": "Trainer",
+              "actor_role": "trainer"}
 
     def run(*procs: Proc) -> SampleSink:
         out = SampleSink("ray_processes")
@@ -336,6 +337,54 @@ def test_process_cpu_counters_keep_what_exited_processes_used_and_end_with_the_g
     third = run(Proc(10, 1, 500, 6.5, 1 << 20, 0, "ray::Trainer"), Proc(11, 1, 900, 0.2, 1 << 20, 0, "ray::X"))
     assert one(third, CPU, **labels) == 7.7  # a reused pid is a new process (new start time)
     assert one(run(), CPU, **labels) is None  # no process left: the series ends
+
+
+def test_actors_get_their_role_from_their_class_and_the_roles_gpus_are_averaged():
+    from exporter.collectors.ray.process_collector import PROCESSES, ROLE_GPU_SM, ROLE_GPUS, RayProcessesCollector
+    from exporter.config import load_config
+    from exporter.shared import GpuProcessUsage, Shared
+
+    config = load_config({}, environ={})
+    shared = Shared.for_config(config)
+    collector = RayProcessesCollector(config, shared)
+    job = {"job_id": "02000000", "submission_id": "rl-1"}
+    members = {}
+    for pid, actor_class in ((10, "Generator"), (11, "Generator"), (12, "SingleAgentEnvRunner"), (13, "Trainer"),
+                             (14, "RayTrainWorker"), (15, "Scorer")):
+        proc = Proc(pid, 1, 100 + pid, 1.0, 1 << 20, 0, f"ray::{actor_class}")
+        members[(pid, proc.start_ticks)] = (proc, Identity(job["job_id"], job["submission_id"], "actor", actor_class))
+
+    def use(pid: int, gpu: int, sm: float | None) -> GpuProcessUsage:
+        return GpuProcessUsage(pid, gpu, f"GPU-{gpu}", 1 << 30, sm, None, "python")
+
+    shared.gpu_processes.publish({10: (use(10, 0, 0.25),), 11: (use(11, 0, 0.25),), 12: (use(12, 1, 0.1),),
+                                  13: (use(13, 2, 0.9),), 14: (use(14, 3, None),), 15: (use(15, 4, 0.5),)})
+    out = SampleSink("ray_processes")
+    collector._emit_processes(out, members)
+    frozen = out.freeze(0.0)
+    roles = {values[PROCESSES.labels.index("actor_class")]: values[PROCESSES.labels.index("actor_role")]
+             for values, _ in frozen.families[PROCESSES]}
+    assert roles == {"Generator": "generator", "SingleAgentEnvRunner": "generator", "Trainer": "trainer",
+                     "RayTrainWorker": "trainer", "Scorer": ""}
+    assert one(out, ROLE_GPUS, **job, actor_role="generator") == 2  # GPU 0 (two generators) and GPU 1
+    assert one(out, ROLE_GPU_SM, **job, actor_role="generator") == pytest.approx((0.5 + 0.1) / 2)
+    assert one(out, ROLE_GPUS, **job, actor_role="trainer") == 2
+    assert one(out, ROLE_GPU_SM, **job, actor_role="trainer") == pytest.approx(0.9)  # GPU 3 gave no sample
+    assert one(out, ROLE_GPUS, **job, actor_role="") is None  # an actor without a role is in no role series
+
+
+def test_actor_roles_are_configurable_and_checked():
+    from exporter.collectors.ray.actor_roles import ActorRoles
+    from exporter.config import ConfigError, load_config
+
+    config = load_config({}, environ={"RAYPULSE_EXPORTER_RAY__ACTOR_ROLES": '{"judge": "(?i)reward|judge"}'})
+    assert ActorRoles(config.ray.actor_roles).of("RewardModel") == "judge"
+    assert ActorRoles(config.ray.actor_roles).of("Generator") == ""  # the defaults are replaced, not extended
+    for roles, said in (('{"Gen": "x"}', "lower case"), ('{"gen": "(unclosed"}', "not a regular expression"),
+                        (str({f"r{i}": "x" for i in range(9)}).replace("'", '"'), "at most 8 roles")):
+        with pytest.raises(ConfigError, match="actor_roles") as raised:
+            load_config({}, environ={"RAYPULSE_EXPORTER_RAY__ACTOR_ROLES": roles})
+        assert said in str(raised.value)
 
 
 # -- who gets the Ray token ---------------------------------------------------------------------

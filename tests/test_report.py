@@ -299,6 +299,28 @@ def test_a_recording_cut_short_by_a_crash_still_reads_and_reports(tmp_path: Path
         check_page(browser.open(path), {"attempts", "step", "throughput"})
 
 
+@needs_chromium
+def test_an_rl_run_gets_its_reward_phases_kl_and_truncation_drawn(tmp_path: Path):
+    run = tmp_path / "runs" / "rl-1"
+    record_of(run, state="SUCCEEDED", exit_code=0, finished_at=time.time())
+    rank = {"submission_id": "rl-1-a1", "rank": "0", "cluster": "c", "node": "n"}
+    families = {"raypulse_rl_iteration": rank, "raypulse_rl_reward_mean": rank, "raypulse_rl_kl": rank,
+                "raypulse_rl_truncated_ratio": rank,
+                "raypulse_rl_phase_iteration_seconds": {**rank, "phase": "generate"}}
+    lines: list[dict[str, Any]] = [{"kind": "meta", "version": 1, "started": time.time() - 50, "interval": 1.0}]
+    for number, (name, labels) in enumerate(families.items()):
+        lines += [{"kind": "family", "name": name, "type": "gauge", "help": name},
+                  {"kind": "series", "id": number, "family": name, "name": name, "labels": labels}]
+    for t in range(6):
+        values = (t, 0.1 * t, 0.01, 0.05, 2.0)
+        lines.append({"kind": "scrape", "t": time.time() - 50 + t, "s": [[i, v] for i, v in enumerate(values)]})
+    (run / recording.FILE_NAME).write_bytes(gzip.compress("".join(json.dumps(line) + "\n" for line in lines).encode()))
+    path = report.render(run)
+    assert "RL post-training" in path.read_text()
+    with chromium() as browser:
+        check_page(browser.open(path), {"attempts", "rl-reward", "rl-phases", "rl-kl", "rl-truncated"})
+
+
 # --- the report of a real run ----------------------------------------------------------------------
 
 TRAIN = "python train.py --workers 2 --steps 60 --checkpoint-every 10 --fail-at-step 25 --step-seconds 0.25"

@@ -19,16 +19,22 @@ def group(c: Config) -> Group:
     collapse, stall = t("RaypulseRLRewardCollapsed"), t("RaypulseRLPhaseStalled")
     past = f"[{collapse.baseline}] offset {collapse.skip}"
     running_for = "time() - raypulse_rl_phase_start_time_seconds"
+    reward, recent = "raypulse_rl_reward_mean", f"[{collapse.window}]"
+    drop = (f"(avg_over_time({reward}{past}) - avg_over_time({reward}{recent}))"
+            f" / (stddev_over_time({reward}{past}) > 0)")
     return Group("rl", "RL post-training (reward collapse, KL, truncated responses, stalled phases, weight sync)", [
+        # A drop of `zscore` standard deviations of the baseline; or, for a reward as noisy as a small
+        # environment's episode return, a whole window below the lowest reward of the baseline.
         Alert("RaypulseRLRewardCollapsed", "warning", "training", f"""
-            (avg_over_time(raypulse_rl_reward_mean{past}) - avg_over_time(raypulse_rl_reward_mean[{collapse.window}]))
-              / (stddev_over_time(raypulse_rl_reward_mean{past}) > 0)
-              > {collapse.zscore:g}
+            ({drop} > {collapse.zscore:g})
+            or
+            ({drop} > 0 and max_over_time({reward}{recent}) < min_over_time({reward}{past}))
             """,
               "An RL run's reward collapsed below its own recent level.",
               f"The mean reward of {AT_RANK} over the last {collapse.window} is {{{{ $value | printf \"%.1f\" }}}} "
-              f"standard deviations below its mean over the {collapse.baseline} before the last {collapse.skip}: "
-              "the policy may have collapsed or be hacking one reward at the others' cost."),
+              f"standard deviations below its mean over the {collapse.baseline} before the last {collapse.skip}, "
+              "or lower than any reward then: the policy may have collapsed or be hacking one reward at the "
+              "others' cost."),
         Alert("RaypulseRLKLHigh", "warning", "training", f"""
             raypulse_rl_kl > {t("RaypulseRLKLHigh").kl:g}
             """,

@@ -96,6 +96,31 @@ RESPONSES = Row("Responses", collapsed=False, panels=(
         "20%).", width=12, min=0, max=1, thresholds=((None, "green"), (0.1, "orange"), (0.2, "red"))),
 ))
 
+PER_ROLE = "cluster, submission_id, actor_role"
+NODE_ROLE = "cluster, node, job_id, submission_id, actor_role"  # one series of each family per node and role
+HAS_ROLE = 'actor_role!=""'
+
+ROLES = Row("Generators and trainers", collapsed=False, panels=(
+    Panel("Actors by role", "short", (
+        Target(f"sum by ({PER_ROLE}) ({S('raypulse_job_processes', HAS_ROLE)})", JOB + " {{actor_role}}"),),
+        "The job's actor processes by role, from their class names (the exporter's ray.actor_roles: "
+        "rollout and inference engines, RLlib's EnvRunners generate; learners and Ray Train workers train).",
+        width=8, min=0),
+    Panel("CPU by role", "short", (
+        Target(f"sum by ({PER_ROLE}) ({rate(S('raypulse_job_process_cpu_seconds_total', HAS_ROLE))})",
+               JOB + " {{actor_role}}"),),
+        "Cores the generators and the trainers keep busy: one role busy while the other idles is the "
+        "synchronous RL loop waiting on its slowest phase.", width=8, min=0),
+    Panel("GPU utilization by role", "percentunit", (
+        Target(f"sum by ({PER_ROLE}) ({S('raypulse_job_role_gpu_sm_utilization_ratio')} * on ({NODE_ROLE}) "
+               f"{S('raypulse_job_role_gpus')}) / sum by ({PER_ROLE}) ({S('raypulse_job_role_gpus')})",
+               JOB + " {{actor_role}}"),),
+        "SM utilization of the GPUs each role's actors use, averaged over them (over every node, weighted by "
+        "its GPUs): generators idle while the "
+        "trainer trains (or the reverse) is GPU time an asynchronous or colocated layout would win back.",
+        width=8, min=0, max=1),
+))
+
 WEIGHT_SYNC = Row("Weight sync", collapsed=False, panels=(
     Panel("Weight sync time", "s", (
         Target(S("raypulse_rl_weight_sync_seconds"), RANK),),
@@ -112,9 +137,9 @@ WEIGHT_SYNC = Row("Weight sync", collapsed=False, panels=(
 
 BOARD = Board(
     uid=UID_RL, title="raypulse / RL post-training",
-    description="RL iterations as phases (generate, reward, train, weight sync), rewards, KL, entropy, response "
-                "lengths and truncation and weight-sync time, from what the loop reports through "
+    description="RL iterations as phases (generate, reward, train, weight sync), generators vs trainers, rewards, "
+                "KL, entropy, response lengths and truncation and weight-sync time, from what the loop reports through "
                 "progress.phase and progress.report_iteration.",
     variables=("cluster", "submission"), tags=("training", "rl"),
-    rows=(ITERATIONS, PHASES, POLICY, RESPONSES, WEIGHT_SYNC),
+    rows=(ITERATIONS, PHASES, ROLES, POLICY, RESPONSES, WEIGHT_SYNC),
 )

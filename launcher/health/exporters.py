@@ -26,6 +26,7 @@ MAX_PARALLEL = 16
 # The families the watcher reads; every other line of /metrics is skipped before parsing.
 FAMILIES = (
     "raypulse_train_step", "raypulse_train_last_progress_time_seconds", "raypulse_train_nonfinite_values_total",
+    "raypulse_rl_last_iteration_time_seconds", "raypulse_rl_iteration",
     "raypulse_train_checkpoint_step", "raypulse_train_last_checkpoint_time_seconds",
     "raypulse_job_output_last_write_time_seconds", "raypulse_job_driver_log_last_write_time_seconds",
     "raypulse_job_processes", "raypulse_gpu_xid_last_timestamp_seconds", "raypulse_gpu_up",

@@ -113,21 +113,29 @@ class Progress:
 def progress(reads: Iterable[NodeRead], submission_id: str) -> Progress:
     last: dict[int, float] = {}
     steps: dict[int, int] = {}
+    iterations: dict[int, int] = {}
     nonfinite: dict[int, float] = {}
     checkpoint: int | None = None
     for read in reads:
-        for sample in read.select("raypulse_train_last_progress_time_seconds", submission_id=submission_id):
-            rank = int(sample.labels.get("rank", "0"))
-            last[rank] = max(last.get(rank, 0.0), sample.value)
+        # A training step and an RL iteration (a loop that reports only progress.report_iteration) are
+        # both progress.
+        for name in ("raypulse_train_last_progress_time_seconds", "raypulse_rl_last_iteration_time_seconds"):
+            for sample in read.select(name, submission_id=submission_id):
+                rank = int(sample.labels.get("rank", "0"))
+                last[rank] = max(last.get(rank, 0.0), sample.value)
         for sample in read.select("raypulse_train_step", submission_id=submission_id):
             rank = int(sample.labels.get("rank", "0"))
             steps[rank] = max(steps.get(rank, 0), int(sample.value))
+        for sample in read.select("raypulse_rl_iteration", submission_id=submission_id):
+            rank = int(sample.labels.get("rank", "0"))
+            iterations[rank] = max(iterations.get(rank, 0), int(sample.value))
         for sample in read.select("raypulse_train_nonfinite_values_total", submission_id=submission_id, field="loss"):
             rank = int(sample.labels.get("rank", "0"))
             nonfinite[rank] = nonfinite.get(rank, 0.0) + sample.value
         for sample in read.select("raypulse_train_checkpoint_step", submission_id=submission_id):
             checkpoint = max(checkpoint or 0, int(sample.value))
-    return Progress(last, steps, nonfinite, checkpoint)
+    # A rank that reports RL iterations but no training steps: its iteration is its step.
+    return Progress(last, {**iterations, **steps}, nonfinite, checkpoint)
 
 
 def last_output(reads: Iterable[NodeRead], submission_id: str) -> float | None:

@@ -66,7 +66,8 @@ def render(run: str | Path, output: Path | None = None, *, prometheus: str | Non
     alerts, alert_note = _alerts(prometheus, record, rec)
     built = Builder(directory, record, rec)
     body = notes + [built.guarded(part) for part in (built.summary, built.attempts, built.healing, built.placement,
-                                                     built.training, built.gpus, built.nodes, built.faults)]
+                                                     built.training, built.rl, built.gpus, built.nodes,
+                                                     built.faults)]
     body.append(section("Alerts that fired", alert_note or _alerts_table(alerts)))
     body.append(built.guarded(built.events))
     title = f"Run {record.run_id if record else directory.name}" + (f" ({record.name})" if record else "")
@@ -244,6 +245,27 @@ class Builder:
                                                                                    data.rank_name)),
                                    "no rank reported a loss"),
                        self._chart(charts.lines("throughput", f"Throughput ({unit})", unit, speed), none), grid=True)
+
+    def rl(self) -> str:
+        """RL iterations (progress.report_iteration, RLlib's callback): only for a run that reported any."""
+        if self.rec is None or not self.rec.select("raypulse_rl_iteration"):
+            return ""
+        rec = self.rec
+
+        def by_phase(labels: dict[str, str]) -> str:
+            return f"{data.rank_name(labels)} {labels.get('phase', '?')}"
+
+        return section(
+            "RL post-training",
+            self._chart(charts.lines("rl-reward", "Reward (mean)", "reward", data.curves(
+                rec, "raypulse_rl_reward_mean", data.rank_name)), "no iteration reported a reward"),
+            self._chart(charts.lines("rl-phases", "Seconds per phase (last iteration)", "s", data.curves(
+                rec, "raypulse_rl_phase_iteration_seconds", by_phase)), "no phase was timed"),
+            self._chart(charts.lines("rl-kl", "KL divergence", "KL", data.curves(
+                rec, "raypulse_rl_kl", data.rank_name)), "no iteration reported a KL"),
+            self._chart(charts.lines("rl-truncated", "Responses truncated at the limit", "", data.curves(
+                rec, "raypulse_rl_truncated_ratio", data.rank_name), percent=True),
+                        "no iteration reported truncation"), grid=True)
 
     def gpus(self) -> str:
         if self.rec is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scripts.drill.faults import QUICK
-from scripts.drill.run import COLLECTOR_INTERVALS, SCALE, SCRAPE_SECONDS, SLACK_SECONDS, Report
+from scripts.drill.run import COLLECTOR_INTERVALS, SCALE, SCRAPE_SECONDS, SLACK_SECONDS, Outcome, Report
 
 # Labels worth showing in the table (the rest: job, instance, severity, scope, uuid ...).
 SHOWN = ("node", "gpu", "xid", "call", "collector", "submission_id", "rank")
@@ -50,20 +50,23 @@ def render(report: Report) -> str:
         + ("**no alert** but the Watchdog." if not report.healthy_alerts else
            "**alerts fired**: " + "; ".join(_labels(a["labels"]) for a in report.healthy_alerts)),
         "",
-        "## Faults",
-        "",
-        "| fault | injected | expected alert | received | latency | budget | ok |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for o in report.outcomes:
+    lines += outcome_lines(report.outcomes, report.false_alarms, report.ok, "e.g. NVLink errors when a link goes "
+                           "down, a restarted exporter briefly down")
+    return "\n".join(lines)
+
+
+def outcome_lines(outcomes: list[Outcome], false_alarms: list[dict], ok: bool, side_effects: str) -> list[str]:
+    """The faults table, the unexpected alerts and the verdict."""
+    lines = ["## Faults", "",
+             "| fault | injected | expected alert | received | latency | budget | ok |",
+             "|---|---|---|---|---|---|---|"]
+    for o in outcomes:
         latency = f"{o.latency:g}s" if o.latency is not None else "—"
         lines.append(f"| {o.fault} | {o.injected} | `{o.expected}` | {_labels(o.received)} | {latency} "
                      f"| {o.budget:g}s | {'yes' if o.ok else '**no**'} |")
     lines += ["", "## Unexpected alerts", ""]
-    if report.false_alarms:
-        lines += [f"- {_labels(a['labels'])}" for a in report.false_alarms]
-    else:
-        lines.append("None: every alert that arrived was expected, or a listed true side effect of its fault "
-                     "(e.g. NVLink errors when a link goes down, a restarted exporter briefly down).")
-    lines += ["", f"Result: **{'OK' if report.ok else 'FAILED'}**.", ""]
-    return "\n".join(lines)
+    lines += [f"- {_labels(a['labels'])}" for a in false_alarms] or [
+        f"None: every alert that arrived was expected, or a listed true side effect of its fault ({side_effects})."]
+    lines += ["", f"Result: **{'OK' if ok else 'FAILED'}**.", ""]
+    return lines

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -213,32 +214,41 @@ def run(quick: bool = False, healthy_seconds: float = 240.0, workdir: Path | Non
                       free_gpus=[i for i in range(SIMULATED_GPUS) if i != job_gpu],
                       cluster_processes=list(launcher_processes(name)), restart_spare=spare.restart,
                       stall_age=DEFAULT.scaled(SCALE).tune("RaypulseTrainingStalled").age.seconds)
-        injected: list[tuple[float, Fault]] = []
-        for fault in catalog(ctx):
-            if quick and fault.key not in QUICK:
-                continue
-            t0 = time.time()
-            fault.inject()
-            injected.append((t0, fault))
-            for expect in fault.expect:
-                limit = budget(expect, fault)
-                got = hook.wait_for(lambda a, e=expect: a.status == "firing" and e.matches(a.name, a.labels),
-                                    timeout=max(0.0, t0 + limit + 30 - time.time()), since=t0)
-                outcome = Outcome(fault.key, fault.title, str(expect), round(limit, 1),
-                                  expected_labels={"alertname": expect.alertname, **expect.labels})
-                if got is not None:
-                    outcome.received, outcome.latency = got.labels, round(got.at - t0, 1)
-                report.outcomes.append(outcome)
-                log(f"drill: {fault.key}: {expect} -> "
-                    + (f"received after {outcome.latency}s (budget {outcome.budget}s)" if got else "NOT received"))
-            if fault.after:
-                fault.after()
+        faults = [fault for fault in catalog(ctx) if not quick or fault.key in QUICK]
+        injected = inject_each(faults, hook, budget, report.outcomes, lambda text: log(f"drill: {text}"))
         received = hook.snapshot()
         report.false_alarms = [_describe(a) for a in received
                                if a.status == "firing" and a.name != "RaypulseWatchdog" and a.at >= watch_from
                                and not _explained(a, injected)]
     report.wall_seconds = round(time.monotonic() - started, 1)
     return report
+
+
+def inject_each(faults: list[Fault], hook: Webhook, budget_of: Callable[[Expect, Fault], float],
+                outcomes: list[Outcome], log: Callable[[str], None], settle: float = 0.0) -> list[tuple[float, Fault]]:
+    """Inject each fault in turn and wait for each alert it must raise (up to its budget + 30 s), then
+    take it back (`after`) and wait `settle` seconds; appends an Outcome per expected alert. Returns
+    when each fault was injected, to tell its alerts from false alarms (_explained)."""
+    injected: list[tuple[float, Fault]] = []
+    for fault in faults:
+        t0 = time.time()
+        fault.inject()
+        injected.append((t0, fault))
+        for expect in fault.expect:
+            limit = budget_of(expect, fault)
+            got = hook.wait_for(lambda a, e=expect: a.status == "firing" and e.matches(a.name, a.labels),
+                                timeout=max(0.0, t0 + limit + 30 - time.time()), since=t0)
+            outcome = Outcome(fault.key, fault.title, str(expect), round(limit, 1),
+                              expected_labels={"alertname": expect.alertname, **expect.labels})
+            if got is not None:
+                outcome.received, outcome.latency = got.labels, round(got.at - t0, 1)
+            outcomes.append(outcome)
+            log(f"{fault.key}: {expect} -> "
+                + (f"received after {outcome.latency}s (budget {outcome.budget}s)" if got else "NOT received"))
+        if fault.after:
+            fault.after()
+            time.sleep(settle)
+    return injected
 
 
 def launcher_processes(name: str):

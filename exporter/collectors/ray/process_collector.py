@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from exporter.catalog import counter, gauge
 from exporter.collector import AsyncCollector, register
 from exporter.collectors.ray import job_output, process_owners
+from exporter.collectors.ray.actor_roles import NO_ROLE, ActorRoles
 from exporter.collectors.ray.dashboard import DashboardError, connect
 from exporter.collectors.ray.job_ids import JobDirectory
 from exporter.collectors.ray.localray import LocalRay, Raylet
@@ -31,11 +32,14 @@ NAME = "ray_processes"
 _RAY = "while a watched raylet runs on this host"
 _STORE = "while a watched raylet runs here and the Ray dashboard answers"
 _GPU = "when the gpu collector runs and a Ray process uses a GPU"
-PROCESS_LABELS = ("job_id", "submission_id", "process_role", "actor_class")
+PROCESS_LABELS = ("job_id", "submission_id", "process_role", "actor_class", "actor_role")
 GPU_LABELS = ("job_id", "submission_id", "gpu", "uuid")
+ROLE_GPU_LABELS = ("job_id", "submission_id", "actor_role")
+_ROLE_GPU = "when the gpu collector runs and an actor with a role (ray.actor_roles) uses a GPU"
 
-PROCESSES = gauge("raypulse_job_processes", "Ray processes on this node by job, role (driver, actor, worker, idle) "
-                  "and actor class.", collector=NAME, labels=PROCESS_LABELS, only_when=_RAY)
+PROCESSES = gauge("raypulse_job_processes", "Ray processes on this node by job, role (driver, actor, worker, idle), "
+                  "actor class and the actor's role in the job (ray.actor_roles: generator, trainer).", collector=NAME,
+                  labels=PROCESS_LABELS, only_when=_RAY)
 CPU = counter("raypulse_job_process_cpu_seconds_total", "CPU time those processes used since they started; "
               "what an exited process used stays counted while its group has processes.", collector=NAME,
               labels=PROCESS_LABELS, unit="seconds", only_when=_RAY)
@@ -52,6 +56,12 @@ GPU_SM = gauge("raypulse_job_gpu_sm_utilization_ratio", "Share of the GPU's SM t
                only_when=_GPU)
 GPU_PROCESSES = gauge("raypulse_job_gpu_processes", "The job's processes using the GPU.", collector=NAME,
                       labels=GPU_LABELS, only_when=_GPU)
+ROLE_GPUS = gauge("raypulse_job_role_gpus", "GPUs of this node that the job's actors of a role (generator, "
+                  "trainer: ray.actor_roles) use.", collector=NAME, labels=ROLE_GPU_LABELS, only_when=_ROLE_GPU)
+ROLE_GPU_SM = gauge("raypulse_job_role_gpu_sm_utilization_ratio", "Share of SM time the job's actors of a role "
+                    "used on the GPUs they use on this node, averaged over those GPUs (NVML's last sample "
+                    "period); generators idle while the trainer works show here.", collector=NAME,
+                    labels=ROLE_GPU_LABELS, unit="ratio", only_when=_ROLE_GPU)
 OUTPUT = gauge("raypulse_job_output_last_write_time_seconds", "Unix time the job's Ray worker processes on this "
                "node last wrote to their stdout or stderr (Ray's worker logs); with the driver's log on the head, "
                "whether a job that reports no progress still does anything.", collector=NAME,
@@ -115,6 +125,7 @@ class RayProcessesCollector(AsyncCollector):
         super().__init__(config, shared)
         self.local = LocalRay(config)
         self.directory = JobDirectory()
+        self.roles = ActorRoles(config.ray.actor_roles)
         self._identities: dict[tuple[int, int], Identity] = {}  # (pid, start) -> last known identity
         self._cpu_seen: dict[tuple[int, int], float] = {}  # (pid, start) -> CPU seconds at the last run
         self._groups: dict[Identity, _Group] = {}
@@ -231,7 +242,7 @@ class RayProcessesCollector(AsyncCollector):
                 del self._groups[identity]
         for identity, group in self._groups.items():
             labels = {"job_id": identity.job_id, "submission_id": identity.submission_id, "process_role": identity.role,
-                      "actor_class": identity.actor_class}
+                      "actor_class": identity.actor_class, "actor_role": self.roles.of(identity.actor_class)}
             out.add(PROCESSES, count[identity], **labels)
             out.add(CPU, group.cpu_seconds, **labels)
             out.add(RESIDENT, resident[identity], **labels)
@@ -254,7 +265,10 @@ class RayProcessesCollector(AsyncCollector):
         memory: dict[tuple[str, str, str, str], float] = defaultdict(float)
         sm: dict[tuple[str, str, str, str], float] = defaultdict(float)
         users: dict[tuple[str, str, str, str], int] = defaultdict(int)
+        # (job, submission, role) -> GPU uuid -> the role's SM share of it (None: NVML gave no sample)
+        by_role: dict[tuple[str, str, str], dict[str, float | None]] = defaultdict(dict)
         for proc, identity in members.values():
+            role = self.roles.of(identity.actor_class)
             for record in usage.get(proc.pid, ()):
                 key = (identity.job_id, identity.submission_id, str(record.gpu), record.uuid)
                 users[key] += 1
@@ -262,9 +276,20 @@ class RayProcessesCollector(AsyncCollector):
                     memory[key] += record.used_memory_bytes
                 if record.sm_utilization is not None:
                     sm[key] += record.sm_utilization
+                if role != NO_ROLE:
+                    gpus = by_role[(identity.job_id, identity.submission_id, role)]
+                    share = gpus.get(record.uuid)
+                    if record.sm_utilization is not None:
+                        share = (share or 0.0) + record.sm_utilization
+                    gpus[record.uuid] = share
         for key in users:
             labels = dict(zip(GPU_LABELS, key, strict=True))
             out.add(GPU_PROCESSES, users[key], **labels)
             out.add(GPU_MEMORY, memory.get(key), **labels)
             out.add(GPU_SM, min(1.0, sm[key]) if key in sm else None, **labels)
+        for key, gpus in by_role.items():
+            labels = dict(zip(ROLE_GPU_LABELS, key, strict=True))
+            sampled = [min(1.0, share) for share in gpus.values() if share is not None]
+            out.add(ROLE_GPUS, len(gpus), **labels)
+            out.add(ROLE_GPU_SM, sum(sampled) / len(sampled) if sampled else None, **labels)
 
