@@ -403,8 +403,8 @@ def measure(args: argparse.Namespace) -> tuple[list[Target], dict[str, int], Spl
 
 _IMPORT_GROUPS: list[tuple[str, list[str]]] = [
     ("asyncio, ssl (libssl, libcrypto)", ["asyncio", "ssl"]),
-    ("aiohttp, server and client (attrs, email, http.cookies, yarl, multidict; two default SSL contexts, their "
-     "CA store loaded when first used)", ["exporter.aiohttp_ca", "aiohttp.web"]),
+    ("aiohttp, server and client (attrs, email, http.cookies, yarl, multidict; two default SSL contexts: their CA "
+     "store, and the system's MIME types, loaded when first used)", ["exporter.aiohttp_lazy", "aiohttp.web"]),
     ("pydantic", ["pydantic", "pydantic.main"]),
     ("click", ["click"]),
     ("prometheus_client", ["prometheus_client", "prometheus_client.openmetrics.exposition"]),

@@ -13,8 +13,11 @@ from typing import Any, ClassVar
 
 import click
 
-# aiohttp_ca first: it imports aiohttp (which plugins import) with its CA store loaded only when first used.
-from exporter import __version__, aiohttp_ca, plugins, profiles, redact  # noqa: F401
+# In this order, before the rest: _malloc tunes glibc's malloc when the process serves (before the imports
+# fill the heap); aiohttp_lazy imports aiohttp (which plugins import) without its import-time loads of the CA
+# store and the MIME types, both left to their first use.
+from exporter import __version__, _malloc, aiohttp_lazy, plugins, profiles, redact  # noqa: F401
+from exporter._malloc import cap_malloc_arenas, pin_mmap_threshold
 from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig, unknown_environment
 
 EXIT_CONFIG_ERROR = 2
@@ -154,23 +157,6 @@ class _NodeExporterFlags(click.Command):
         return super().parse_args(ctx, node_exporter_collector_flags(args))
 
 
-M_ARENA_MAX = -8  # glibc's mallopt() parameter (malloc.h)
-
-
-def cap_malloc_arenas(arenas: int = 2) -> None:
-    """Cap glibc's malloc arenas before any thread starts. glibc gives threads that allocate at once
-    arenas of their own, up to 8 per core, each holding freed memory; the exporter's threads mostly
-    wait, and two arenas serve them (measured: 1 to 2 MB less RSS, CPU the same; docs/benchmarks.md).
-    MALLOC_ARENA_MAX in the environment wins (glibc reads it itself); nothing happens off glibc."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return
-    import contextlib
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):  # not glibc (musl has no arenas to cap)
-        ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas)
-
-
 class _Commands(click.Group):
     """The commands, some loaded only when named (or listed by --help): `exporter serve` does without
     their modules."""
@@ -198,6 +184,7 @@ def main() -> None:
 def serve(config_file: Path | None, **flag_args: Any) -> None:
     """Serve /metrics, /healthz, /readyz and / until interrupted."""
     cap_malloc_arenas()
+    pin_mmap_threshold()
     config = _load(config_file, **flag_args)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from exporter.server import serve as run_server

@@ -10,7 +10,10 @@ import sys
 import threading
 import time
 
-from exporter.cli import cap_malloc_arenas
+import pynvml
+
+from exporter._malloc import serving
+from exporter.cli import cap_malloc_arenas, pin_mmap_threshold
 from exporter.exposition import Format, Rendering
 from exporter.scheduler import Workers
 from tests.conftest import REPO
@@ -51,6 +54,20 @@ def test_capping_malloc_arenas_is_harmless_where_it_cannot_apply(monkeypatch):
     cap_malloc_arenas()  # glibc here: capped
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     cap_malloc_arenas()  # the environment's wins: nothing to do
+
+
+def test_pinning_the_mmap_threshold_is_harmless_where_it_cannot_apply(monkeypatch):
+    pin_mmap_threshold()  # glibc here: pinned
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    pin_mmap_threshold()  # the environment's wins: nothing to do
+
+
+def test_malloc_is_tuned_early_only_for_serve():
+    assert serving(["exporter", "serve", "--listen", ":9000"])
+    assert serving(["/x/exporter/__main__.py", "serve"])
+    assert not serving(["exporter", "metrics"])
+    assert not serving(["pytest", "-q"])
+    assert not serving(["exporter"])
 
 
 def _names() -> list[str]:
@@ -131,16 +148,20 @@ def test_openmetrics_bytes_are_those_of_prometheus_clients_default_escaping():
         assert encode_family(Format.OPENMETRICS, spec, series) + b"# EOF\n" == default, spec.name
 
 
-# aiohttp imported as `exporter serve` imports it: its default client contexts load the CA store when first used.
+# aiohttp imported as `exporter serve` imports it: its default client contexts load the CA store when first used,
+# and the mimetypes module its system's types when first asked.
 _DEFERRED_CA = """
 import asyncio, json, ssl, sys
-import exporter.cli  # first: it imports aiohttp through exporter.aiohttp_ca
+import exporter.cli  # first: it imports aiohttp through exporter.aiohttp_lazy
 import trustme
 from aiohttp import ClientConnectorCertificateError, ClientSession, web
 from aiohttp import connector
-from exporter.aiohttp_ca import DeferredCAContext
+from exporter.aiohttp_lazy import DeferredCAContext
 verified, unverified = connector._SSL_CONTEXT_VERIFIED, connector._SSL_CONTEXT_UNVERIFIED
 report = {"deferred": [type(c) is DeferredCAContext for c in (verified, unverified)]}
+import mimetypes
+report["mime types deferred"] = not mimetypes.inited
+report["mime types"] = [mimetypes.guess_type("a.gz"), mimetypes.guess_type("a.js")[0]]
 ca = trustme.CA()
 server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
 ca.issue_cert("127.0.0.1").configure_cert(server_context)
@@ -168,8 +189,19 @@ print(json.dumps(report))
 """
 
 
-def test_aiohttps_default_contexts_load_the_ca_store_when_first_used():
+def test_aiohttp_loads_the_ca_store_and_mime_types_when_first_used():
     report = json.loads(subprocess.run([sys.executable, "-c", _DEFERRED_CA], cwd=REPO, capture_output=True, text=True,
                                        check=True).stdout)
     assert report == {"deferred": [True, True], "verified": "refused", "unverified": "ok", "loaded": [True, True],
-                      "cas": True}
+                      "cas": True, "mime types deferred": True,
+                      "mime types": [[None, "gzip"], "text/javascript"]}
+
+
+def test_gpus_share_the_keys_and_labels_of_their_unsupported_fields():
+    from exporter.collectors.gpu.reader import _field_key_and_label
+
+    key, label = _field_key_and_label((pynvml.NVML_FI_DEV_MEMORY_TEMP, 0))
+    assert (key, label) == (("field", pynvml.NVML_FI_DEV_MEMORY_TEMP, 0), "field:memory_temp")
+    again = _field_key_and_label((pynvml.NVML_FI_DEV_MEMORY_TEMP, 0))
+    assert again[0] is key
+    assert again[1] is label

@@ -228,7 +228,8 @@ def test_the_image_install_steps_give_a_working_exporter_without_ray(tmp_path):
     # Every exporter module imports with only what the install brought (and Ray is not there).
     probe = ("import importlib, pkgutil, exporter\n"
              "names = [m.name for m in pkgutil.walk_packages(exporter.__path__, 'exporter.')\n"
-             "         if not m.name.endswith('__main__')]  # that one runs the command line\n"
+             "         if not m.name.endswith('__main__')  # that one runs the command line\n"
+             "         and m.name != 'exporter.progress_rllib']  # RLlib's callback: runs where RLlib is\n"
              "for name in names: importlib.import_module(name)\n"
              "assert importlib.util.find_spec('ray') is None\n"
              "print(len(names), exporter.__file__)")
