@@ -80,7 +80,7 @@ def test_the_episode_limit_is_read_through_the_wrappers():
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_rl_drill_raises_each_rl_alert_in_time_on_real_rllib(tmp_path):
-    report = run(quick=True, healthy_seconds=30, workdir=tmp_path, log=print)
+    report = run(quick=True, healthy_seconds=20, workdir=tmp_path, log=print)
     artifacts = REPO / "tests" / "artifacts"
     artifacts.mkdir(exist_ok=True)
     (artifacts / "rl-drill.md").write_text(render(report))

@@ -160,15 +160,15 @@ async def client(index: int, url: str, stop: asyncio.Event, tally: Tally) -> Non
                     await asyncio.sleep(BUSY_BACKOFF_SECONDS)
 
 
-async def soak(url: str, pid: int, tally: Tally, during: Callable[[asyncio.Event], list] | None = None
-               ) -> tuple[float, float]:
-    """CLIENTS clients for SOAK_SECONDS (plus what `during` starts); the RSS after the warm-up and at the end."""
+async def soak(url: str, pid: int, tally: Tally, during: Callable[[asyncio.Event], list] | None = None,
+               seconds: float = SOAK_SECONDS) -> tuple[float, float]:
+    """CLIENTS clients for `seconds` (plus what `during` starts); the RSS after the warm-up and at the end."""
     stop = asyncio.Event()
     extra = during(stop) if during else []
     tasks = [asyncio.create_task(client(i, url, stop, tally)) for i in range(CLIENTS)] + extra
     await asyncio.sleep(WARM_UP_SECONDS)
     warm = rss_mb(pid)
-    await asyncio.sleep(SOAK_SECONDS - WARM_UP_SECONDS)
+    await asyncio.sleep(seconds - WARM_UP_SECONDS)
     end = rss_mb(pid)
     stop.set()
     # Every request has its timeout, so the clients end within it.
@@ -275,7 +275,9 @@ def test_with_few_file_descriptors_and_idle_sockets_held_every_request_is_answer
         return ([asyncio.create_task(hold_idle(port, i, stop, closed)) for i in range(IDLE_SOCKETS)]
                 + [asyncio.create_task(probe_health(running.url, stop, health))])
 
-    warm, end = asyncio.run(soak(running.url, running.process.pid, tally, during=attackers))
+    # The idle sockets are held from the start: two idle sweeps in the run.
+    warm, end = asyncio.run(soak(running.url, running.process.pid, tally, during=attackers,
+                                 seconds=2 * IDLE_TIMEOUT_SECONDS + 5))
 
     print(f"\n{sum(tally.outcomes.values())} scrapes: {dict(tally.outcomes)}; /healthz: {dict(health.outcomes)}, "
           f"slowest {max(health.health_latencies, default=0):.2f} s; idle sockets: {dict(closed)}; "

@@ -146,7 +146,7 @@ def run(quick: bool = False, healthy_seconds: float = 90.0, workdir: Path | None
         faults = [fault for fault in catalog(ctx) if not quick or fault.key in QUICK]
         # After each fault, the job takes it back (the control file) before the next one.
         injected = inject_each(faults, hook, budget, report.outcomes, lambda text: log(f"rl drill: {text}"),
-                               settle=2 * COLLECTOR_INTERVALS["train"])
+                               settle=COLLECTOR_INTERVALS["train"])
         report.false_alarms = [_describe(a) for a in hook.snapshot()
                                if a.status == "firing" and a.name != "RaypulseWatchdog" and a.at >= watch_from
                                and not _explained(a, injected)]
