@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
@@ -103,16 +103,21 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _mean(values: Iterator[Any]) -> float | None:
+def _mean(values: Iterable[Any]) -> float | None:
     numbers = [n for n in (_number(v) for v in values) if n is not None]
     return sum(numbers) / len(numbers) if numbers else None
+
+
+def module_stats(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The learners' results of each module (policy) in one `Algorithm.train()` result."""
+    return [stats for module, stats in (result.get(LEARNER_RESULTS) or {}).items()
+            if module != ALL_MODULES and isinstance(stats, Mapping)]
 
 
 def iteration_fields(result: Mapping[str, Any]) -> dict[str, Any]:
     """`report_iteration`'s keyword arguments from one `Algorithm.train()` result."""
     runners = result.get(ENV_RUNNER_RESULTS) or {}
-    learners = {module: stats for module, stats in (result.get(LEARNER_RESULTS) or {}).items()
-                if module != ALL_MODULES and isinstance(stats, Mapping)}
+    learners = module_stats(result)
     reward, squared = _number(runners.get(RETURN)), _number(runners.get(RETURN_SQUARED))
     by_module = runners.get("module_episode_return_mean")
     return {
@@ -122,8 +127,8 @@ def iteration_fields(result: Mapping[str, Any]) -> dict[str, Any]:
         "reward_std": math.sqrt(max(0.0, squared - reward * reward)) if reward is not None and squared is not None
         else None,
         "rewards": dict(by_module) if isinstance(by_module, Mapping) else None,  # by module (policy)
-        "kl": _mean(stats.get("mean_kl_loss") for stats in learners.values()),
-        "entropy": _mean(stats.get("entropy") for stats in learners.values()),
+        "kl": _mean(stats.get("mean_kl_loss") for stats in learners),
+        "entropy": _mean(stats.get("entropy") for stats in learners),
         "response_length_mean": runners.get("episode_len_mean"),
         "response_length_max": runners.get("episode_len_max"),
         "response_length_limit": runners.get(LENGTH_LIMIT),
@@ -216,12 +221,8 @@ class RaypulseCallback(RLlibCallback):
             synced = SYNCH_WORKER_WEIGHTS_TIMER in (result.get(TIMERS) or {})
             progress.report_iteration(iteration, rank=RANK, **iteration_fields(result),
                                       weight_sync_bytes=self._weights_bytes if synced else None)
-            learners = result.get(LEARNER_RESULTS) or {}
-            totals = [stats.get("total_loss") for module, stats in learners.items()
-                      if module != ALL_MODULES and isinstance(stats, Mapping)]
-            runners = result.get(ENV_RUNNER_RESULTS) or {}
-            progress.report(iteration, loss=_mean(iter(totals)), samples=runners.get("num_env_steps_sampled"),
-                            learning_rate=_mean(stats.get("default_optimizer_learning_rate")
-                                                for module, stats in learners.items() if module != ALL_MODULES
-                                                and isinstance(stats, Mapping)),
+            learners = module_stats(result)
+            progress.report(iteration, loss=_mean(stats.get("total_loss") for stats in learners),
+                            samples=(result.get(ENV_RUNNER_RESULTS) or {}).get("num_env_steps_sampled"),
+                            learning_rate=_mean(stats.get("default_optimizer_learning_rate") for stats in learners),
                             rank=RANK)

@@ -46,14 +46,17 @@ def render(report: Report) -> str:
         "",
         "## Healthy run",
         "",
-        f"{report.healthy_seconds:g}s with the job training: "
-        + ("**no alert** but the Watchdog." if not report.healthy_alerts else
-           "**alerts fired**: " + "; ".join(_labels(a["labels"]) for a in report.healthy_alerts)),
+        f"{report.healthy_seconds:g}s with the job training: " + healthy_verdict(report.healthy_alerts),
         "",
     ]
     lines += outcome_lines(report.outcomes, report.false_alarms, report.ok, "e.g. NVLink errors when a link goes "
                            "down, a restarted exporter briefly down")
     return "\n".join(lines)
+
+
+def healthy_verdict(healthy_alerts: list[dict]) -> str:
+    return ("**no alert** but the Watchdog." if not healthy_alerts else
+            "**alerts fired**: " + "; ".join(_labels(a["labels"]) for a in healthy_alerts))
 
 
 def outcome_lines(outcomes: list[Outcome], false_alarms: list[dict], ok: bool, side_effects: str) -> list[str]:

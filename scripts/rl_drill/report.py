@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scripts.drill.report import _labels, outcome_lines
+from scripts.drill.report import healthy_verdict, outcome_lines
 from scripts.rl_drill.faults import QUICK
 from scripts.rl_drill.run import COLLECTOR_INTERVALS, MIN_WINDOW, SCALE, SCRAPE_SECONDS, SLACK_SECONDS, Report
 
@@ -32,9 +32,7 @@ def render(report: Report) -> str:
         "",
         "## Healthy run",
         "",
-        f"{report.healthy_seconds:g}s of training: "
-        + ("**no alert** but the Watchdog." if not report.healthy_alerts else
-           "**alerts fired**: " + "; ".join(_labels(a["labels"]) for a in report.healthy_alerts)),
+        f"{report.healthy_seconds:g}s of training: " + healthy_verdict(report.healthy_alerts),
         "",
         f"RL board: {report.panels - len(report.empty_panels)} of {report.panels} queries returned data"
         + ("." if not report.empty_panels else "; empty: " + "; ".join(report.empty_panels)),
