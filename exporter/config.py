@@ -14,10 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from exporter import profiles, strict, wire
+from exporter import profiles
+from exporter.contract import strict, wire
 
 DEFAULT_PORT = wire.EXPORTER_PORT
 ENV_PREFIX = wire.ENV_EXPORTER_PREFIX
@@ -128,13 +130,20 @@ class OtlpSettings(_Strict):
         """Where to push, or None when OTLP is off. `endpoint` is a base URL like
         OTEL_EXPORTER_OTLP_ENDPOINT (/v1/metrics is added) unless it already names the path."""
         if self.endpoint:
-            base = self.endpoint.rstrip("/")
-            return base if base.endswith("/v1/metrics") else base + "/v1/metrics"
+            return signal_url(self.endpoint, "/v1/metrics")
         if environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
             return environ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]
         if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-            return environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/metrics"
+            return signal_url(environ["OTEL_EXPORTER_OTLP_ENDPOINT"], "/v1/metrics")
         return None
+
+
+def signal_url(base: str, path: str) -> str:
+    """An OTLP base URL with a signal's path (/v1/metrics, /v1/traces) added to its path, unless
+    it already ends with it; a query (an API key) stays after the path, where it belongs."""
+    parts = urlsplit(base)
+    prefix = parts.path.rstrip("/")
+    return urlunsplit(parts._replace(path=prefix if prefix.endswith(path) else prefix + path))
 
 
 LISTEN_OFF = "off"
@@ -168,6 +177,12 @@ class RaySettings(_Strict):
         "head: also export cluster-wide job, node and workload metrics and serve /sd; worker: only this "
         "node's Ray processes; auto: head when this host runs the head raylet, Ray's own binary run by this "
         "exporter's user or root (checked every run)."))
+    metrics_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/\S*)?$", description=(
+        "Ray's metrics endpoint on the head node (http://head:8080/metrics, the head's --metrics-export-port), "
+        "where the head exporter reads the GCS's own `ray_actors` gauge for the cluster's actors by state: "
+        "exact at any number of actors, where the State API stops at 10,000 rows. No token is sent there. "
+        "Unset: the metrics port of the head raylet on this host (its command line), else the actors are "
+        "counted through the State API."))
     request_timeout_seconds: float = Field(3.0, gt=0, le=60, description="A dashboard request taking longer "
                                            "fails (and the series it feeds are omitted for that run).")
     finished_job_retention_seconds: float = Field(3600.0, ge=0, le=30 * 86400, description=(
@@ -209,7 +224,7 @@ class ProgressSettings(_Strict):
     expire_after_seconds: float = Field(3600.0, gt=0, le=30 * 86400, description=(
         "A rank that has not reported for this long is dropped (a job with no rank left too)."))
     max_series: int = Field(10000, ge=100, le=1_000_000, description=(
-        "Most series the progress store holds, all jobs, ranks and runs together (about 16 per rank): the "
+        "Most series the progress store holds, all jobs, ranks and runs together (about 18 per rank): the "
         "one bound on its memory and on the size of /metrics. A report that would pass it gets 429, after "
         "jobs Ray no longer runs have been let go."))
     finished_grace_seconds: float = Field(300.0, ge=0, le=86400, description=(
@@ -339,26 +354,40 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(match["port"])
 
 
-def read_yaml_file(path: Path, what: str) -> dict[str, Any]:
-    """Read a YAML mapping, turning I/O and syntax problems into ConfigErrors naming the file."""
+class YamlFileError(ConfigError):
+    """A user's YAML file that is not a readable mapping. The message names the file; `problem` is
+    what is wrong without it, `unreadable` the system's reason when the file could not be read."""
+
+    def __init__(self, what: str, path: Path, problem: str, unreadable: str | None = None) -> None:
+        super().__init__(f"{what} {path}: {problem}")
+        self.problem = problem
+        self.unreadable = unreadable
+
+
+def read_yaml_file(path: Path, what: str, holds: str = "settings") -> dict[str, Any]:
+    """The mapping in a user's YAML file (JSON is YAML too); an empty file is an empty mapping. Every
+    user file goes through here (exporter and web configs, job specs, runtime envs): an unreadable
+    file, one not UTF-8, not YAML, nested too deeply or not a mapping (of `holds`) is a YamlFileError
+    naming `what` and the file."""
     import yaml  # only when there is a file: `exporter serve` without one does without PyYAML (0.8 MB)
 
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"{what} {path}: cannot read: {exc.strerror}") from None
+        reason = exc.strerror or str(exc)
+        raise YamlFileError(what, path, f"cannot read: {reason}", unreadable=reason) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{what} {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+        raise YamlFileError(what, path, f"not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} {path}: not valid YAML: {exc}") from None
+        raise YamlFileError(what, path, f"not valid YAML: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"{what} {path}: nested too deeply to be a configuration") from None
+        raise YamlFileError(what, path, "nested too deeply to be a configuration") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{what} {path}: the top level must be a mapping of settings, got {type(data).__name__}")
+        raise YamlFileError(what, path, f"the top level must be a mapping of {holds}, got {type(data).__name__}")
     return data
 
 

@@ -9,6 +9,12 @@ the bytes for its format. Only formats scraped in the last few minutes are assem
 (Prometheus asks for OpenMetrics, a curl for text); the first scrape of another format
 assembles it once, in a worker thread like every rendering: the event loop never renders and
 never waits on the chunk cache's lock.
+
+A selection (`/metrics?name[]=...`, exporter/server.py) is the same body with only the named families:
+made from the same per-family chunks (only the named ones are encoded), once per change of the served
+snapshots for each set asked for, when it is first asked for after the change, and kept in a
+least-recently-used cache bounded over all clients (MAX_SELECTIONS renderings, MAX_SELECTION_BYTES).
+Every rendering carries a digest of its plain body, from which the server makes its ETag.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ import asyncio
 import enum
 import functools
 import gzip
+import hashlib
 import inspect
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.exposition import generate_latest
@@ -33,6 +41,15 @@ from exporter.snapshot import Series, Snapshot
 GZIP_LEVEL = 1
 # A format scraped within this many seconds is rendered ahead of the next scrape.
 WANTED_SECONDS = 600.0
+# The selection cache's bounds, over every client: renderings (a set of names in one format) and their
+# bytes (plain + gzip). A launcher asks for one or two sets per node; these leave room for a few dozen
+# more (curl, dashboards) before the least recently used is dropped. The newest rendering is always kept
+# (it is never larger than the whole /metrics), so the bytes are at most max(the cap, one whole body).
+MAX_SELECTIONS = 64
+MAX_SELECTION_BYTES = 8 * 2**20
+# Hex digits of the body's SHA-256 kept in the ETag: 128 bits (SHA-256 is the cheapest hash here, ~5% of
+# the gzip it sits beside).
+DIGEST_HEX = 32
 
 
 class Format(enum.Enum):
@@ -95,39 +112,68 @@ def encode_family(fmt: Format, spec: MetricSpec, series: Series) -> bytes:
     return generate_latest(families)  # type: ignore[arg-type]
 
 
-def encode(fmt: Format, snapshot: Snapshot, previous: dict[tuple[MetricSpec, Series], bytes] | None = None,
-           encoded: dict[tuple[MetricSpec, Series], bytes] | None = None) -> tuple[bytes, ...]:
+# A collector's last encoding of each family: the series it was made from and the bytes.
+Encoded = dict[MetricSpec, tuple[Series, bytes]]
+
+
+def family_chunk(fmt: Format, spec: MetricSpec, series: Series, previous: Mapping[MetricSpec, tuple[Series, bytes]]
+                 | None) -> bytes:
+    """One family's bytes: those in `previous` when they were made from equal series, else encoded now.
+    (Comparing with the kept series is cheaper than hashing them: tuples compare item by item, by
+    identity first.)"""
+    kept = previous.get(spec) if previous else None
+    if kept is not None and (kept[0] is series or kept[0] == series):
+        return kept[1]
+    return encode_family(fmt, spec, series)
+
+
+def encode(fmt: Format, snapshot: Snapshot, previous: Mapping[MetricSpec, tuple[Series, bytes]] | None = None,
+           encoded: Encoded | None = None) -> tuple[bytes, ...]:
     """One snapshot's families in `fmt`, one chunk each, without OpenMetrics' end marker. A family whose
-    series are equal to one in `previous` (the same collector's last encoding) reuses its bytes; `encoded`
+    series are equal to those in `previous` (the same collector's last encoding) reuses its bytes; `encoded`
     gets them all. The chunks are kept as they are (not joined per snapshot): a body is the only copy."""
     chunks = []
     for spec, series in sorted(snapshot, key=lambda item: item[0].name):
-        chunk = previous.get((spec, series)) if previous else None
-        if chunk is None:
-            chunk = encode_family(fmt, spec, series)
+        chunk = family_chunk(fmt, spec, series, previous)
         if encoded is not None:
-            encoded[(spec, series)] = chunk
+            encoded[spec] = (series, chunk)
         chunks.append(chunk)
     return tuple(chunks)
 
 
 @dataclass(frozen=True)
 class Rendering:
-    """A body gzipped (what Prometheus asks for) and the chunks it is made of. The plain body is joined
-    from them when a scrape first asks for it and then kept: where every scrape wants gzip, the chunks
-    are the only copy of the text (~300 KB with 8 GPUs)."""
+    """A body gzipped (what Prometheus asks for), the chunks it is made of, and a digest of the plain body
+    (the ETag's value). The plain body is joined from the chunks when a scrape first asks for it and then
+    kept: where every scrape wants gzip, the chunks are the only copy of the text (~300 KB with 8 GPUs)."""
 
     chunks: tuple[bytes, ...]
     gzipped: bytes
+    digest: str
 
     @functools.cached_property
     def body(self) -> bytes:
         return b"".join(self.chunks)
 
+    @property
+    def size(self) -> int:
+        """Bytes held: the chunks (or the body they are joined into) and the gzipped body."""
+        return sum(len(chunk) for chunk in self.chunks) + len(self.gzipped)
+
+    def etag(self, gzipped: bool) -> str:
+        """The ETag's value for this body, as sent plain or gzipped: a strong validator names one sequence
+        of bytes, so the gzipped representation gets its own (Apache's mod_deflate spells it the same way;
+        aiohttp's FileResponse does the same for a pre-compressed file)."""
+        return f"{self.digest}-gzip" if gzipped else self.digest
+
     @classmethod
-    def of(cls, fmt: Format, chunks: Iterable[bytes]) -> Rendering:
+    def of(cls, fmt: Format, chunks: Iterable[bytes], joined: bool = False) -> Rendering:
+        """`joined`: keep the plain body as one piece rather than the chunks (a selection's chunks are
+        shared with the whole body's; the joined piece is its own, and small)."""
         parts = (*chunks, _OPENMETRICS_EOF) if fmt is Format.OPENMETRICS else tuple(chunks)
-        return cls(parts, gzip.compress(b"".join(parts), GZIP_LEVEL, mtime=0))
+        plain = b"".join(parts)
+        digest = hashlib.sha256(plain).hexdigest()[:DIGEST_HEX]
+        return cls((plain,) if joined else parts, gzip.compress(plain, GZIP_LEVEL, mtime=0), digest)
 
 
 class ChunkCache:
@@ -137,8 +183,9 @@ class ChunkCache:
         # (id(snapshot), format) -> (snapshot, its chunks); holding the snapshot keeps its id unique.
         self._chunks: dict[tuple[int, Format], tuple[Snapshot, tuple[bytes, ...]]] = {}
         # (collector, format) -> its last encoding by family: most families (a GPU's inventory, limits, link
-        # states; 75% of the GPU series) are equal from one run to the next and keep their bytes.
-        self._families: dict[tuple[str, Format], dict[tuple[MetricSpec, Series], bytes]] = {}
+        # states; 75% of the GPU series) are equal from one run to the next and keep their bytes. At most one
+        # entry per family of the catalog.
+        self._families: dict[tuple[str, Format], Encoded] = {}
         self._lock = threading.Lock()
 
     def render(self, snapshots: Sequence[Snapshot], formats: Iterable[Format]) -> dict[Format, Rendering]:
@@ -151,7 +198,7 @@ class ChunkCache:
                 for snapshot in snapshots:
                     entry = live.get((id(snapshot), fmt))
                     if entry is None:
-                        encoded: dict[tuple[MetricSpec, Series], bytes] = {}
+                        encoded: Encoded = {}
                         chunk = encode(fmt, snapshot, self._families.get((snapshot.collector, fmt)), encoded)
                         self._families[(snapshot.collector, fmt)] = encoded
                         entry = live[(id(snapshot), fmt)] = (snapshot, chunk)
@@ -160,12 +207,31 @@ class ChunkCache:
             self._chunks = live
             return renderings
 
+    def select(self, snapshots: Sequence[Snapshot], fmt: Format, names: frozenset[str]) -> Rendering:
+        """The body `render` would make, with only the families named: the same chunks in the same order
+        (snapshots as served, families by name within each), encoding only the named families that the
+        last encoding of their collector does not already hold."""
+        with self._lock:
+            chunks = []
+            for snapshot in snapshots:
+                chosen = sorted(((spec, series) for spec, series in snapshot if spec.name in names),
+                                key=lambda item: item[0].name)
+                if not chosen:
+                    continue
+                table = self._families.setdefault((snapshot.collector, fmt), {})
+                for spec, series in chosen:
+                    chunk = family_chunk(fmt, spec, series, table)
+                    table[spec] = (series, chunk)
+                    chunks.append(chunk)
+            return Rendering.of(fmt, chunks, joined=True)
+
 
 class Publisher:
     """Keeps the served bytes equal to the rendering of the scheduler's fresh snapshots."""
 
     def __init__(self, snapshots: Callable[[float], list[Snapshot]], next_expiry: Callable[[float], float | None],
-                 debounce_seconds: float = 0.05) -> None:
+                 debounce_seconds: float = 0.05, max_selections: int = MAX_SELECTIONS,
+                 max_selection_bytes: int = MAX_SELECTION_BYTES) -> None:
         self._snapshots = snapshots
         self._next_expiry = next_expiry
         self._debounce = debounce_seconds
@@ -174,20 +240,68 @@ class Publisher:
         self._renderings: dict[Format, Rendering] = {}
         self._cold: dict[Format, asyncio.Future[dict[Format, Rendering]]] = {}  # first renderings in flight
         self._wanted_at: dict[Format, float] = {}
-        self.renders = 0
+        # Selections of the served snapshots, least recently used first; emptied when they are replaced.
+        self._selections: OrderedDict[tuple[frozenset[str], Format], Rendering] = OrderedDict()
+        self._selection_bytes = 0
+        self._max_selections = max_selections
+        self._max_selection_bytes = max_selection_bytes
+        # Selections being rendered, by set, format and the rendering they select from: a burst of the same
+        # request waits on one (bounded by the scrapes served at once, exporter/guard.py).
+        self._selecting: dict[tuple[frozenset[str], Format, int], asyncio.Future[Rendering]] = {}
+        self.renders = 0  # renderings of the served snapshots so far: which ones a selection was made from
+        self.selections_rendered = 0
         # What the served bytes were rendered from; other consumers (OTLP push) read the same.
         self.latest_snapshots: list[Snapshot] = []
 
     def notify(self) -> None:
         self._changed.set()
 
-    async def body(self, fmt: Format, *, want_gzip: bool) -> bytes:
+    async def rendering(self, fmt: Format) -> Rendering:
+        """The whole body in `fmt`."""
         loop = asyncio.get_running_loop()
         self._wanted_at[fmt] = loop.time()  # from now on every rendering includes it
         rendering = self._renderings.get(fmt)
         if rendering is None:  # not scraped lately: assemble it once from the served snapshots, then keep it
             rendering = await self._render_cold(fmt)
-        return rendering.gzipped if want_gzip else rendering.body
+        return rendering
+
+    async def selection(self, fmt: Format, names: frozenset[str]) -> Rendering:
+        """The body in `fmt` with only the families in `names` (exact names; unknown ones are absent). Made
+        once per set and change of the served snapshots, off the loop, and kept while the cache holds it;
+        asking for it does not make `fmt` rendered ahead (a launcher's few families must not cost the whole
+        body on every change)."""
+        key = (names, fmt)
+        kept = self._selections.get(key)
+        if kept is not None:
+            self._selections.move_to_end(key)
+            return kept
+        generation, snapshots = self.renders, self.latest_snapshots
+        flight = (names, fmt, generation)
+        pending = self._selecting.get(flight)
+        if pending is None:
+            pending = self._selecting[flight] = asyncio.ensure_future(
+                asyncio.to_thread(self._chunks.select, snapshots, fmt, names))
+            pending.add_done_callback(lambda _: self._selecting.pop(flight, None))
+            self.selections_rendered += 1
+        rendering = await asyncio.shield(pending)
+        if self.renders == generation:  # not replaced meanwhile (then it was the answer when asked, not now)
+            self._keep(key, rendering)
+        return rendering
+
+    def _keep(self, key: tuple[frozenset[str], Format], rendering: Rendering) -> None:
+        replaced = self._selections.pop(key, None)
+        if replaced is not None:
+            self._selection_bytes -= replaced.size
+        self._selections[key] = rendering
+        self._selection_bytes += rendering.size
+        while len(self._selections) > 1 and (len(self._selections) > self._max_selections
+                                             or self._selection_bytes > self._max_selection_bytes):
+            _, dropped = self._selections.popitem(last=False)
+            self._selection_bytes -= dropped.size
+
+    def selection_cache(self) -> tuple[int, int]:
+        """(renderings, bytes) the selection cache holds."""
+        return len(self._selections), self._selection_bytes
 
     async def _render_cold(self, fmt: Format) -> Rendering:
         """One rendering of `fmt` off the loop, shared by the scrapes that ask while it runs."""
@@ -209,6 +323,9 @@ class Publisher:
         renderings = await asyncio.to_thread(self._chunks.render, snapshots, wanted)
         self._renderings, self.latest_snapshots = renderings, snapshots  # swapped together, on the loop
         self.renders += 1
+        # Selections of the snapshots replaced can no longer be served: their bytes go now, not when evicted.
+        self._selections.clear()
+        self._selection_bytes = 0
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

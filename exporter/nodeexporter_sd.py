@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from exporter import wire
+from exporter.contract import wire
 
 
 def _with_port(target: str, port: int) -> str:

@@ -29,7 +29,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from exporter import __version__
+from exporter import __version__, redact
 from exporter.catalog import CATALOG, MetricSpec, MetricType
 from exporter.config import OtlpSettings
 from exporter.selfmetrics import OTLP_DROPPED_POINTS, OTLP_EXPORTS, OTLP_LAST_SUCCESS
@@ -113,6 +113,7 @@ class OtlpPusher:
     def __init__(self, settings: OtlpSettings, url: str, cluster: str | None,
                  snapshots: Callable[[], Sequence[Snapshot]], environ: Mapping[str, str] | None = None) -> None:
         environ = os.environ if environ is None else environ
+        redact.guard_loggers()  # the SDK logs every failed push with the URL, query (an API key) and all
         otlp = OTLPMetricExporter(endpoint=url, headers=dict(settings.headers) or None,
                                   timeout=settings.timeout_seconds)
         self._exporter = _CountingExporter(otlp)

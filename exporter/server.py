@@ -1,13 +1,14 @@
 """The exporter's HTTP server: serves pre-rendered bytes, never collects in a request.
 
-    /metrics   Prometheus text 0.0.4, or OpenMetrics when the Accept header asks; gzip on request
+    /metrics   Prometheus text 0.0.4, or OpenMetrics when the Accept header asks; gzip on request;
+               ?name[]=A&name[]=B serves only those families; an ETag, and 304 to If-None-Match with it
     /healthz   the process is alive (never depends on collection)
     /readyz    every collector has run once; the body says what it cannot see (no NVML, no Ray processes)
     /          a landing page
     /sd        on the Ray head: Prometheus HTTP service discovery of every node's exporter (and
                node_exporter, when node_exporter.discover says so)
 
-It also owns the training progress endpoint (a listener of its own, exporter/progress_server.py)
+It also owns the training progress endpoint (a listener of its own, exporter/progress/endpoint.py)
 and the OTLP pusher. What the parts hand each other goes through `Shared` (exporter/shared.py).
 Both ports are bounded by one `Guard` (exporter/guard.py: connections, idle and slow clients,
 scrapes at once); client mistakes are 4xx and counted (exporter/httplog.py), never a 500.
@@ -26,15 +27,19 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from aiohttp.helpers import ETAG_ANY, ETag
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
-from exporter import __version__, httplog, redact, wire
-from exporter.collector import REGISTRY, Collector, load_collectors
+from exporter import __version__, httplog, redact
+from exporter.catalog import CATALOG
+from exporter.collector import Collector
 from exporter.config import ExporterConfig, parse_listen
+from exporter.contract import wire
 from exporter.exposition import Format, Publisher
 from exporter.guard import Guard, GuardedTCPSite, runner_options
 from exporter.nodeexporter_sd import node_exporter_groups
-from exporter.progress_server import ProgressEndpoint
+from exporter.plugins import enabled_collectors
+from exporter.progress.endpoint import ProgressEndpoint
 from exporter.scheduler import Scheduler
 from exporter.shared import Shared
 
@@ -45,17 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def enabled_collectors(config: ExporterConfig, shared: Shared) -> list[Collector]:
-    """Instantiate every registered collector that the configuration enables."""
-    load_collectors()
-    collectors = []
-    for name, cls in sorted(REGISTRY.items()):
-        enabled = config.collector_settings(name).enabled
-        if enabled if enabled is not None else cls.default_enabled:
-            collectors.append(cls(config, shared))
-    return collectors
-
-
 def negotiate(accept: str) -> Format:
     """prometheus_client's negotiation picks the format (we serve its canonical version); an Accept
     header it cannot parse (it raises on `version=x.y`) gets the text format, as if it had said nothing."""
@@ -64,6 +58,13 @@ def negotiate(accept: str) -> Format:
     except (TypeError, ValueError):
         return Format.TEXT
     return Format.OPENMETRICS if negotiated.startswith("application/openmetrics-text") else Format.TEXT
+
+
+def not_modified(if_none_match: tuple[ETag, ...] | None, etag: str) -> bool:
+    """If-None-Match's weak comparison (RFC 9110 13.1.2): `*`, or any listed tag, weak or not, equal to ours."""
+    if not if_none_match:
+        return False
+    return any(tag.value in (etag, ETAG_ANY) for tag in if_none_match)
 
 
 class Exporter:
@@ -164,15 +165,32 @@ class Exporter:
             await asyncio.to_thread(self._otlp.shutdown)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        """The whole body, or with `name[]` only the families named (wire.METRICS_NAME_PARAM); the same
+        pre-rendered bytes either way, with an ETag that If-None-Match can name for a 304."""
         assert self.publisher is not None
+        asked = request.query.getall(wire.METRICS_NAME_PARAM, [])
+        if len(asked) > wire.METRICS_MAX_NAMES:
+            return web.Response(status=400, text=f"{len(asked)} {wire.METRICS_NAME_PARAM} parameters; at most "
+                                                 f"{wire.METRICS_MAX_NAMES} families per request: ask for them in "
+                                                 f"parts, or for the whole {wire.METRICS_PATH}\n")
         fmt = negotiate(request.headers.get("Accept", ""))
         want_gzip = gzip_accepted(request.headers.get("Accept-Encoding", ""))
-        body = await self.publisher.body(fmt, want_gzip=want_gzip)
+        if asked:
+            # Names that no family has are dropped before the cache sees them: they select nothing, and
+            # made-up names must not crowd out the sets in use.
+            rendering = await self.publisher.selection(
+                fmt, frozenset(name for name in asked if CATALOG.get(name) is not None))
+        else:
+            rendering = await self.publisher.rendering(fmt)
+        etag = rendering.etag(want_gzip)
         # The body depends on both headers: a cache in between must key on them (as node_exporter's).
-        headers = {"Content-Type": fmt.content_type, "Vary": "Accept, Accept-Encoding"}
+        headers = {"Vary": "Accept, Accept-Encoding", "ETag": f'"{etag}"'}
+        if not_modified(request.if_none_match, etag):
+            return web.Response(status=304, headers=headers)  # RFC 9110 15.4.5: ETag and Vary, no body
+        headers["Content-Type"] = fmt.content_type
         if want_gzip:
             headers["Content-Encoding"] = "gzip"
-        return web.Response(body=body, headers=headers)
+        return web.Response(body=rendering.gzipped if want_gzip else rendering.body, headers=headers)
 
     async def _sd(self, request: web.Request) -> web.Response:
         found = self.shared.service_discovery.get()

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from exporter.config import ExporterConfig
-from exporter.progress_store import ProgressStore
+from exporter.progress.store import ProgressStore
 
 T = TypeVar("T")
 

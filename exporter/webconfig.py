@@ -41,7 +41,7 @@ from aiohttp import web
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporter.config import ConfigError, format_validation_error, read_yaml_file
-from exporter.strict import Strict
+from exporter.contract.strict import Strict
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from exporter import wire
+from exporter.contract import wire
 
 CONTROL_ENV = wire.ENV_GPU_CONTROL_FILE
 _CLEARABLE = ("lost", "thermal-throttle", "power-brake", "row-remap-pending", "row-remap-failed", "nvlink-down",

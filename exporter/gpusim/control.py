@@ -10,11 +10,13 @@ the document atomically, so a reader never sees half a write.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,8 +26,8 @@ from typing import Annotated, Literal
 import pynvml
 from pydantic import AfterValidator, Field, ValidationError, field_validator
 
-from exporter import strict
-from exporter.strict import Strict
+from exporter.contract import strict
+from exporter.contract.strict import Strict
 
 log = logging.getLogger(__name__)
 
@@ -182,14 +184,28 @@ def _problems(exc: ValidationError) -> str:
 
 
 def read(path: Path) -> Control:
-    """The control file's content; a missing file means no faults."""
+    """The control file's content; a missing file means no faults. Only a regular file owned by
+    this user or root is one: a FIFO would block the open (and the exporter's start) until someone
+    writes, a link or another user's file would let that user steer the simulator."""
     try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return Control()
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ControlError(f"{path}: a symbolic link; give the control file's own path") from None
         raise ControlError(f"{path}: cannot read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as file:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise ControlError(f"{path}: not a regular file; the control file is JSON written by `exporter "
+                               "gpu-fault`")
+        if status.st_uid not in (os.geteuid(), 0):
+            raise ControlError(f"{path}: owned by uid {status.st_uid}, not by this user ({os.geteuid()}) or root")
+        try:
+            raw = file.read(MAX_BYTES + 1)
+        except OSError as exc:
+            raise ControlError(f"{path}: cannot read: {exc.strerror}") from None
     if len(raw) > MAX_BYTES:
         raise ControlError(f"{path}: larger than {MAX_BYTES} bytes; not a control file")
     try:

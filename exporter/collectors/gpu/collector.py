@@ -10,18 +10,19 @@ NVML runs only in the scheduler's worker thread (and the XID watcher's own threa
 event loop. A hung NVML call is the framework's business: the run is abandoned at its deadline,
 the collector is marked stuck, and no new run starts until the call returns.
 
-The NVML module is a parameter: `pynvml` itself, or `exporter.gpusim`'s simulated GPUs when
-`gpu.simulate` asks for them (`exporter serve --simulate-gpus N`); this code is the same for both.
+The NVML module is a parameter: `pynvml` itself, or `exporter.gpusim`'s simulated GPUs, which the
+framework chooses (exporter/plugins.py) when `gpu.simulate` asks for them (`exporter serve
+--simulate-gpus N`); this code is the same for both.
 """
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
+import pynvml
 from pynvml import NVMLError
 
 from exporter.collector import BlockingCollector, register
@@ -62,20 +63,6 @@ from exporter.snapshot import SampleSink
 AREAS = (inventory.AREA, utilization.AREA, memory.AREA, clocks.AREA, thermal.AREA, power.AREA, pcie.AREA,
          nvlink.AREA, gpm.AREA, ecc.AREA, mig.AREA, processes.AREA)
 
-def nvml_module(config: ExporterConfig) -> Any:
-    """The NVML the configuration asks for: the real pynvml, or simulated GPUs."""
-    settings = config.gpu
-    if settings.simulate:
-        from exporter.gpusim.nvml import SimulatedNvml
-
-        # One seed per exporter, so that exporters of several simulated nodes on one host get
-        # different GPU UUIDs, and a restarted exporter the same ones.
-        seed = f"{config.node.name or socket.gethostname()}:{config.listen}"
-        return SimulatedNvml(settings.simulate, settings.simulate_model, settings.control_file, seed=seed)
-    import pynvml
-
-    return pynvml
-
 
 @register
 class GpuCollector(BlockingCollector):
@@ -89,7 +76,7 @@ class GpuCollector(BlockingCollector):
                  clock: Callable[[], float] = time.monotonic, event_wait_ms: int = 1000) -> None:
         super().__init__(config, shared)
         self.settings = config.gpu
-        self.nvml = nvml if nvml is not None else nvml_module(config)
+        self.nvml = nvml if nvml is not None else pynvml  # simulated GPUs: exporter/plugins.py passes them
         self.simulated = bool(getattr(self.nvml, "SIMULATED", False))
         self._clock = clock
         self._session = NvmlSession(self.nvml, self.settings.init_retry_max_seconds, clock)

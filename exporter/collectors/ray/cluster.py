@@ -1,25 +1,39 @@
 """The Ray cluster as the head sees it: nodes (alive, dead and why), logical resources (capacity,
 use, pending demand), actors and placement groups by state, and jobs by state.
 
-Sources: `/api/v0/nodes`, `/api/v0/placement_groups`, `/api/v0/actors/summarize` (State API) and
-`/api/cluster_status` (the autoscaler's load report). The latter camel-cases every key
-(`object_store_memory` -> `objectStoreMemory`); resource names are mapped back through the
-names the node list reports, with Ray's own conversion.
+Sources: `/api/v0/nodes`, `/api/v0/placement_groups` (State API), `/api/cluster_status` (the
+autoscaler's load report) and Ray's metrics agent on the head node. The load report camel-cases
+every key (`object_store_memory` -> `objectStoreMemory`); resource names are mapped back through
+the names the node list reports, with Ray's own conversion.
+
+Actors by state need no list: the GCS keeps the count itself and exports it as `ray_actors`
+(Source="gcs", by State and class Name) on the head's metrics agent, exact at any number of actors
+(its DEAD counts every actor that died since the GCS started). Without that endpoint, each state is
+counted through the State API with a server-side state filter and one row read; a state the GCS
+stopped counting at its 10,000-row limit is derived from the total when it is the only one, else
+left out. The actor summary (`/api/v0/actors/summarize`) is not used: it summarises one list of at
+most 10,000 actors.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from exporter.catalog import gauge
+from exporter.collectors.ray.dashboard import INLINE_JSON_BYTES, Cuts, DashboardError, DashboardSession, StateList
 from exporter.collectors.ray.jobs import NAME, STATES, Job, enum_value
+from exporter.collectors.ray.localray import warn_once
 from exporter.snapshot import SampleSink
 
 _HEAD = "on the head node while the Ray dashboard answers"
 NODE_STATES = ("ALIVE", "DEAD")
+ACTOR_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD")
 PLACEMENT_GROUP_STATES = ("PENDING", "PREPARED", "CREATED", "REMOVED", "RESCHEDULING")
 # dashboard/utils.py compose_state_message, inverted: the state message starts with these.
 _DEATH_MESSAGES = {"Expected termination": "EXPECTED_TERMINATION", "Unexpected termination": "UNEXPECTED_TERMINATION",
@@ -48,7 +62,9 @@ NODE_CAPACITY = _gauge("node_resource_capacity", "Logical resources of a Ray nod
 NODE_USED = _gauge("node_resource_used", "Logical resources of a Ray node in use.", ("node_id", "resource"))
 DEMAND = _gauge("resource_demand", "Resources asked for by tasks, actors and placement groups that wait to be "
                 "scheduled (what the autoscaler would add).", ("resource",))
-ACTORS = _gauge("actors", "Actors of the whole cluster by state, Ray's own included.", ("state",))
+ACTORS = _gauge("actors", "Actors of the whole cluster by state, Ray's own included (DEPENDENCIES_UNREADY, "
+                "PENDING_CREATION, ALIVE, RESTARTING, DEAD): the GCS's own count (Ray's ray_actors gauge, whose "
+                "DEAD is every actor that died since the GCS started), else the State API's.", ("state",))
 PLACEMENT_GROUPS = _gauge("placement_groups", "Placement groups by state (PENDING, PREPARED, CREATED, REMOVED, "
                           "RESCHEDULING).", ("state",))
 OLDEST_PENDING_PG = _gauge("placement_group_oldest_pending_seconds", "Age of the oldest placement group still "
@@ -176,28 +192,92 @@ def placement_groups_by_job(groups: Iterable[Mapping[str, Any]]) -> dict[str, di
 
 
 def emit_placement_groups(out: SampleSink, groups: Iterable[Mapping[str, Any]], now: float) -> None:
-    states: Counter[str] = Counter()
+    """By state and the oldest waiting one, from rows with detail."""
+    groups = list(groups)
+    emit_placement_group_states(out, groups)
+    emit_oldest_pending(out, groups, now)
+
+
+def emit_placement_group_states(out: SampleSink, groups: Iterable[Mapping[str, Any]]) -> None:
+    states = Counter(enum_value(group.get("state")) for group in groups)
+    for state in {*PLACEMENT_GROUP_STATES, *states}:
+        out.add(PLACEMENT_GROUPS, states[state], state=state)
+
+
+def emit_oldest_pending(out: SampleSink, groups: Iterable[Mapping[str, Any]], now: float) -> None:
+    """The age of the oldest group still waiting (PENDING, RESCHEDULING), from rows with detail (stats)."""
     oldest = 0.0
     for group in groups:
-        state = enum_value(group.get("state"))
-        states[state] += 1
-        if state in ("PENDING", "RESCHEDULING"):
+        if enum_value(group.get("state")) in ("PENDING", "RESCHEDULING"):
             stats = group.get("stats") if isinstance(group.get("stats"), dict) else {}
             received = float(stats.get("creation_request_received_ns") or 0) / 1e9  # type: ignore[union-attr]
             if received:
                 oldest = max(oldest, now - received)
-    for state in {*PLACEMENT_GROUP_STATES, *states}:
-        out.add(PLACEMENT_GROUPS, states[state], state=state)
     out.add(OLDEST_PENDING_PG, oldest)
 
 
-def emit_actors(out: SampleSink, summary: Mapping[str, Mapping[str, Any]]) -> None:
+def parse_ray_actors(text: str) -> dict[str, int] | None:
+    """Actors by state from a metrics agent's exposition: `ray_actors{Source="gcs"}` summed over classes;
+    None when the exposition has none (no actors yet, or not the head's agent)."""
+    lines = [line for line in text.splitlines()
+             if line.startswith(("ray_actors{", "ray_actors ", "# HELP ray_actors ", "# TYPE ray_actors "))]
     states: Counter[str] = Counter()
-    for entry in summary.values():
-        for state, count in (entry.get("state_counts") or {}).items():
-            states[enum_value(state)] += int(count)
-    for state in {"ALIVE", "DEAD", *states}:
-        out.add(ACTORS, states[state], state=state)
+    seen = False
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for sample in family.samples:
+            if sample.name == "ray_actors" and sample.labels.get("Source") == "gcs":
+                states[enum_value(sample.labels.get("State"))] += sample.value
+                seen = True
+    return {state: int(count) for state, count in states.items()} if seen else None
+
+
+async def actors_by_state(api: DashboardSession, metrics_url: str | None, cuts: Cuts) -> dict[str, int]:
+    """The cluster's actors by state, every state whose count is exact (module docstring)."""
+    if metrics_url:
+        try:
+            text = await api.metrics_text(metrics_url)
+            parsed = await asyncio.to_thread(parse_ray_actors, text) if len(text) > INLINE_JSON_BYTES \
+                else parse_ray_actors(text)
+        except DashboardError as exc:
+            warn_once(("metrics", metrics_url, exc.kind), "Ray's metrics agent at %s did not answer (%s): "
+                      "counting actors through the State API instead", metrics_url, exc)
+            parsed = None
+        if parsed is not None:
+            return {**dict.fromkeys(ACTOR_STATES, 0), **parsed}
+    replies = await asyncio.gather(*(api.count("actors", [("state", "=", state)]) for state in ACTOR_STATES))
+    exact = {state: reply.num_filtered for state, reply in zip(ACTOR_STATES, replies, strict=True)
+             if not reply.source_cut}
+    cut = [(state, reply) for state, reply in zip(ACTOR_STATES, replies, strict=True) if reply.source_cut]
+    if len(cut) == 1:  # the one state the GCS stopped counting is what the others leave of its total
+        exact[cut[0][0]] = max(0, cut[0][1].total - sum(exact.values()))
+    else:
+        for state, reply in cut:
+            cuts.add("actors", f"actors in state {state}: the GCS stopped after {reply.num_filtered:,} of them")
+    return exact
+
+
+def emit_actors(out: SampleSink, states: Mapping[str, int]) -> None:
+    for state, count in states.items():
+        out.add(ACTORS, count, state=state)
+
+
+@dataclass(frozen=True)
+class PlacementGroups:
+    groups: StateList  # every group, without detail (id, job, state)
+    waiting: list[StateList]  # PENDING and RESCHEDULING ones with detail (their creation time)
+
+
+async def read_placement_groups(api: DashboardSession, cuts: Cuts) -> PlacementGroups:
+    """All groups by state without detail, and with detail only those still waiting, when there are
+    some (bundles and stats are most of a group's row)."""
+    groups = cuts.check(await api.state_list("placement_groups"), "placement groups")
+    present = {enum_value(group.get("state")) for group in groups.items}
+    waiting = [state for state in ("PENDING", "RESCHEDULING") if state in present or not groups.complete]
+    replies = await asyncio.gather(*(api.state_list("placement_groups", [("state", "=", state)], detail=True)
+                                     for state in waiting))
+    for state, reply in zip(waiting, replies, strict=True):
+        cuts.check(reply, f"{state} placement groups")
+    return PlacementGroups(groups, list(replies))
 
 
 def emit_jobs_by_state(out: SampleSink, jobs: Iterable[Job]) -> None:

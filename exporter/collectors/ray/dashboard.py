@@ -6,6 +6,19 @@ Every failure becomes a `DashboardError` whose `kind` is a bounded label value; 
 gets `unreachable` knows Ray is down and omits its Ray series rather than serving old ones.
 The Ray token goes only where `LocalRay.dashboard` allows (see localray.py), and redirects are
 never followed: a 3xx is an error, so the token cannot be carried on to another address.
+
+Large replies are parsed in a worker thread by jsonparse.loads, which hands the GIL back between
+rows: a reply of megabytes never stalls the event loop (and /healthz) for its whole parse.
+
+The State API returns at most 10,000 rows per read, and its data source (the GCS) stops after
+10,000 matches of the filters it applies itself (actors: actor_id, job_id, state; tasks: job_id,
+state, name, task_id, actor_id); the dashboard applies every filter again after that. `StateList`
+says whether a reply holds every matching row, from the counts Ray sends with it (Ray 2.60,
+dashboard/state_aggregator.py): actors, nodes and placement groups report in `total` everything the
+GCS holds and in `num_after_truncation` what it looked at, so fewer means it stopped; tasks report in
+`total` the rows returned plus the events dropped (attempts Ray lost and matches past the limit), so
+only a reply of the full 10,000 rows may be cut. `num_filtered` is what matched after every filter,
+of which `limit` came back.
 """
 
 from __future__ import annotations
@@ -19,14 +32,18 @@ from typing import Any
 
 import aiohttp
 
-from exporter import wire
+from exporter.collectors.ray import jsonparse
 from exporter.collectors.ray.localray import LocalRay, Raylet, warn_once
+from exporter.contract import wire
 
 log = logging.getLogger(__name__)
 
 ERROR_KINDS = ("unreachable", "timeout", "unauthorized", "http", "invalid")
 # The State API's own ceiling (RAY_MAX_LIMIT_FROM_API_SERVER); asking for more is an error.
 STATE_LIMIT = 10_000
+# What the GCS returns at most for one read (RAY_MAX_LIMIT_FROM_DATA_SOURCE), whatever `limit` says.
+SOURCE_LIMIT = 10_000
+INLINE_JSON_BYTES = 64 * 1024  # a smaller reply parses in well under a millisecond: on the loop
 
 Filter = tuple[str, str, str]  # (key, "=" | "!=", value)
 
@@ -40,8 +57,67 @@ class DashboardError(Exception):
 
 @dataclass(frozen=True)
 class StateList:
+    """One State API read: the rows that came back and Ray's counts of what there was (module docstring)."""
+
+    resource: str
     items: list[dict[str, Any]]
-    truncated: bool  # the State API returned fewer rows than matched
+    total: int
+    num_after_truncation: int
+    num_filtered: int
+
+    @property
+    def source_cut(self) -> bool:
+        """The GCS stopped at its limit: rows that match may never have been looked at."""
+        if self.resource == "tasks":
+            return self.num_after_truncation >= SOURCE_LIMIT
+        return self.num_after_truncation < self.total
+
+    @property
+    def complete(self) -> bool:
+        """Every row that matches the filters came back."""
+        return not self.source_cut and len(self.items) >= self.num_filtered
+
+    @classmethod
+    def parse(cls, resource: str, result: Any) -> StateList:
+        if not isinstance(result, dict):
+            raise DashboardError("invalid", f"/api/v0/{resource}: no result in the reply")
+        items = result.get("result")
+        items = [row for row in items if isinstance(row, dict)] if isinstance(items, list) else []
+        return cls(resource, items, _count(result.get("total")), _count(result.get("num_after_truncation")),
+                   _count(result.get("num_filtered"), len(items)))
+
+
+def _count(value: object, default: int = 0) -> int:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return default
+
+
+class Cuts:
+    """The reads of one run that Ray cut short: counted per resource, described for one warning."""
+
+    def __init__(self) -> None:
+        self.by_resource: dict[str, int] = {}
+        self.what: list[str] = []
+
+    def add(self, resource: str, what: str) -> None:
+        self.by_resource[resource] = self.by_resource.get(resource, 0) + 1
+        self.what.append(what)
+
+    def check(self, reply: StateList, what: str) -> StateList:
+        """Note `reply` if it is not whole; returns it."""
+        if not reply.complete:
+            self.add(reply.resource, f"{what}: {len(reply.items)} rows of {reply.num_filtered} matching"
+                     + (f", the GCS stopped after {reply.num_after_truncation:,} of {reply.total:,}"
+                        if reply.source_cut else ""))
+        return reply
+
+    def warn(self) -> None:
+        if self.what:
+            shown = "; ".join(self.what[:4]) + (f"; and {len(self.what) - 4} more" if len(self.what) > 4 else "")
+            log.warning("Ray's State API cut %d read(s) of this run at its 10,000-row limit (%s): the series "
+                        "built from them are left out, not taken for the whole", len(self.what), shown)
 
 
 def _filter_params(filters: Sequence[Filter]) -> list[tuple[str, str]]:
@@ -61,6 +137,7 @@ class DashboardSession:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session: aiohttp.ClientSession | None = None
         self._limit = asyncio.Semaphore(concurrency)  # a run never floods the dashboard
+        self.bytes_read = 0  # what this session's replies weighed
 
     async def __aenter__(self) -> DashboardSession:
         self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers,
@@ -71,13 +148,13 @@ class DashboardSession:
         assert self._session is not None
         await self._session.close()
 
-    async def text(self, path: str, params: Sequence[tuple[str, str]] | Mapping[str, str] = ()) -> str:
+    async def _get(self, url: str, params: Sequence[tuple[str, str]] | Mapping[str, str] = ()) -> bytes:
         assert self._session is not None, "use `async with`"
-        url = self.base_url + path
+        path = url.removeprefix(self.base_url)
         async with self._limit:
             try:
                 async with self._session.get(url, params=params or None, allow_redirects=False) as response:
-                    body = await response.text()
+                    body = await response.read()
                     if 300 <= response.status < 400:
                         raise DashboardError("http", f"{response.status} from {path} redirects to "
                                              f"{response.headers.get('Location', '?')[:200]}; redirects are not "
@@ -87,7 +164,9 @@ class DashboardSession:
                         raise DashboardError("unauthorized", f"{response.status} from {path}: set RAY_AUTH_TOKEN "
                                              "(or RAY_AUTH_TOKEN_PATH) to the cluster's token")
                     if response.status >= 400:
-                        raise DashboardError("http", f"{response.status} from {path}: {body[:200]}")
+                        raise DashboardError("http", f"{response.status} from {path}: "
+                                             f"{body[:200].decode(errors='replace')}")
+                    self.bytes_read += len(body)
                     return body
             except TimeoutError:
                 raise DashboardError("timeout", f"{path} took longer than {self._timeout.total:g}s") from None
@@ -96,10 +175,15 @@ class DashboardSession:
             except aiohttp.ClientError as exc:
                 raise DashboardError("http", f"{path}: {exc}") from None
 
+    async def text(self, path: str, params: Sequence[tuple[str, str]] | Mapping[str, str] = ()) -> str:
+        return (await self._get(self.base_url + path, params)).decode(errors="replace")
+
     async def json(self, path: str, params: Sequence[tuple[str, str]] | Mapping[str, str] = ()) -> Any:
-        body = await self.text(path, params)
+        body = await self._get(self.base_url + path, params)
         try:
-            return json.loads(body)
+            if len(body) <= INLINE_JSON_BYTES:
+                return json.loads(body)
+            return await asyncio.to_thread(_parse, body)
         except ValueError:
             raise DashboardError("invalid", f"{path} did not return JSON: {body[:100]!r}") from None
 
@@ -117,18 +201,44 @@ class DashboardSession:
                          limit: int = STATE_LIMIT) -> StateList:
         """`/api/v0/<resource>` (nodes, actors, tasks, placement_groups, ...)."""
         params = [("limit", str(limit)), ("detail", "1" if detail else "0"), *_filter_params(filters)]
-        result = await self._state(f"/api/v0/{resource}", params)
-        items = result.get("result") or []
-        total = result.get("total") or 0
-        return StateList(items, truncated=len(items) < total)
+        return StateList.parse(resource, await self._state(f"/api/v0/{resource}", params))
 
-    async def summary(self, resource: str, filters: Sequence[Filter] = ()) -> dict[str, dict[str, Any]]:
-        """`/api/v0/<resource>/summarize`: name -> {..., "state_counts": {STATE: n}} for the cluster."""
+    async def count(self, resource: str, filters: Sequence[Filter]) -> StateList:
+        """How many rows match, without the rows: a read of one row, for Ray's counts beside it."""
+        return await self.state_list(resource, filters, limit=1)
+
+    async def summary(self, resource: str, filters: Sequence[Filter] = ()) -> tuple[dict[str, dict[str, Any]],
+                                                                                   StateList]:
+        """`/api/v0/<resource>/summarize`: name -> {..., "state_counts": {STATE: n}} over one list of at most
+        10,000 rows, and that list's counts (whether it held every row)."""
         result = await self._state(f"/api/v0/{resource}/summarize", _filter_params(filters))
         try:
-            return result["result"]["node_id_to_summary"]["cluster"]["summary"]
+            summary = result["result"]["node_id_to_summary"]["cluster"]["summary"]
         except (KeyError, TypeError):
             raise DashboardError("invalid", f"/api/v0/{resource}/summarize: unexpected shape") from None
+        counts = StateList.parse(resource, {**result, "result": []})
+        return (summary if isinstance(summary, dict) else {}), counts
+
+    async def metrics_text(self, url: str) -> str:
+        """A Prometheus endpoint of Ray's (the metrics agent): never sent the Ray token."""
+        async with self._limit:
+            try:
+                async with aiohttp.request("GET", url, timeout=self._timeout, allow_redirects=False) as response:
+                    if response.status != 200:
+                        raise DashboardError("http", f"{response.status} from {url}")
+                    body = await response.read()
+                    self.bytes_read += len(body)
+                    return body.decode(errors="replace")
+            except TimeoutError:
+                raise DashboardError("timeout", f"{url} took longer than {self._timeout.total:g}s") from None
+            except aiohttp.ClientConnectionError as exc:
+                raise DashboardError("unreachable", f"{url}: {exc}") from None
+            except aiohttp.ClientError as exc:
+                raise DashboardError("http", f"{url}: {exc}") from None
+
+
+def _parse(body: bytes) -> Any:
+    return jsonparse.loads(body.decode())
 
 
 _unreadable: set[str] = set()  # token files already warned about

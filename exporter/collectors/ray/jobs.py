@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter import wire
 from exporter.catalog import gauge, info
+from exporter.contract import wire
 from exporter.snapshot import SampleSink
 
 NAME = "ray_head"  # the head collector emits these families

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter import wire
 from exporter.config import ExporterConfig, parse_listen
+from exporter.contract import wire
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class Raylet:
     dashboard: str | None = None  # host:port the raylet tells its workers (--webui)
     session_dir: Path | None = None
     distrust: str = NOT_CHECKED  # why it is not trusted (module docstring); "" when it is
+    metrics_export_port: int | None = None  # Ray's metrics agent of this node (--metrics_export_port)
 
     @property
     def exporter_port(self) -> int | None:
@@ -88,9 +89,11 @@ def parse_raylet(pid: int, argv: list[str]) -> Raylet | None:
     webui = _WEBUI_RE.search(options.get("python_worker_command", ""))
     dashboard = webui.group(1) if webui and webui.group(1) != "None" else None  # a worker's raylet: "None"
     session = options.get("session_dir")
+    metrics_port = options.get("metrics_export_port", "")
     return Raylet(pid=pid, node_id=node_id, is_head="head" in flags, node_ip=options.get("node_ip_address", ""),
                   labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
-                  dashboard=dashboard, session_dir=Path(session) if session else None)
+                  dashboard=dashboard, session_dir=Path(session) if session else None,
+                  metrics_export_port=int(metrics_port) if metrics_port.isdigit() else None)
 
 
 def trusted_uids() -> set[int]:
@@ -352,3 +355,15 @@ class LocalRay:
 
     def dashboard_url(self, raylets: list[Raylet] | None = None) -> str:
         return self.dashboard(raylets).url
+
+    def head_metrics_url(self, raylets: list[Raylet] | None = None) -> str | None:
+        """Ray's metrics agent on the head node (the GCS's gauges are there): configured, else the port a
+        trusted head raylet of this host was started with; None when neither is known."""
+        if self.settings.metrics_url:
+            return self.settings.metrics_url
+        raylets = self.raylets() if raylets is None else raylets
+        for raylet in raylets:
+            if raylet.is_head and raylet.trusted and raylet.metrics_export_port and raylet.node_ip:
+                host = f"[{raylet.node_ip}]" if ":" in raylet.node_ip else raylet.node_ip
+                return f"http://{host}:{raylet.metrics_export_port}/metrics"
+        return None

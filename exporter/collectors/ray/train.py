@@ -1,6 +1,6 @@
 """What training code reports through `exporter.progress`, as `raypulse_train_*` by job and rank.
 
-The exporter's progress endpoint (exporter/progress_server.py) fills the store in `Shared.progress`;
+The exporter's progress endpoint (exporter/progress/endpoint.py) fills the store in `Shared.progress`;
 each run of this collector turns the store into series. A report names its job by Ray job id, submission id or both
 (whatever the reporting process knows); the other is looked up in the Jobs API so every series
 carries both, and reports of one rank under either name become one series set.
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import asyncio
 
-from exporter import progress_store
 from exporter.catalog import counter, gauge
 from exporter.collector import AsyncCollector, register
 from exporter.collectors.ray.dashboard import DashboardError, connect
 from exporter.collectors.ray.job_ids import JobDirectory
 from exporter.collectors.ray.localray import LocalRay
 from exporter.config import ExporterConfig
-from exporter.progress_store import FLOAT_FIELDS, REJECT_REASONS, JobKey, RankState, RLState, StoreView
+from exporter.progress import store as progress_store
+from exporter.progress.store import FLOAT_FIELDS, REJECT_REASONS, JobKey, RankState, RLState, StoreView
 from exporter.shared import Shared
 from exporter.snapshot import SampleSink
 
@@ -56,6 +56,11 @@ NONFINITE = _counter("nonfinite_values_total", "Reported values that were NaN or
                      labels=(*LABELS, "field"))
 LAST_PROGRESS = _gauge("last_progress_time_seconds", "Unix time of the rank's last progress report; a job whose "
                        "ranks stop advancing it may be hung.", "seconds", only_when="once a rank reported progress")
+FIRST_STEP = _gauge("first_step", "First training step the rank reported in this job (an attempt of a launcher run "
+                   "is a job of its own: the step it resumed at).", only_when="once a rank reported a step")
+FIRST_PROGRESS = _gauge("first_progress_time_seconds", "Unix time of the rank's first progress report with a step "
+                        "in this job (when an attempt made its first step).", "seconds",
+                        only_when="once a rank reported a step")
 LAST_CHECKPOINT = _gauge("last_checkpoint_time_seconds", "Unix time the rank last reported a saved checkpoint.",
                          "seconds", only_when="once a rank reported a checkpoint")
 CHECKPOINT_STEP = _gauge("checkpoint_step", "Step of the rank's last saved checkpoint.",
@@ -225,6 +230,8 @@ def emit_rank(out: SampleSink, state: RankState, **labels: object) -> None:
     for field in FLOAT_FIELDS:
         out.add(NONFINITE, state.nonfinite[field], **labels, field=field)
     out.add(LAST_PROGRESS, state.last_progress_time, **labels)
+    out.add(FIRST_STEP, state.first_step, **labels)
+    out.add(FIRST_PROGRESS, state.first_progress_time, **labels)
     out.add(LAST_CHECKPOINT, state.last_checkpoint_time, **labels)
     out.add(CHECKPOINT_STEP, state.checkpoint_step, **labels)
     out.add(CHECKPOINT_SECONDS, state.checkpoint_seconds, **labels)

@@ -1,5 +1,5 @@
 """The progress endpoint training code reports to: `POST /v1/progress` with a JSON batch
-(the format is in progress_store.py), on its own listener, loopback or a Unix socket by default.
+(the format is in store.py), on its own listener, loopback or a Unix socket by default.
 
     204  applied
     400  not valid; the body names the first bad field: {"error": "reports[2].loss: ..."}
@@ -28,10 +28,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from exporter import wire
 from exporter.config import LISTEN_OFF, ProgressSettings, parse_listen
+from exporter.contract import wire
 from exporter.guard import Guard, GuardedTCPSite, GuardedUnixSite, runner_options
-from exporter.progress_store import ProgressStore, Rejected, Report, owner, parse_batch
+from exporter.progress.store import ProgressStore, Rejected, Report, owner, parse_batch
 
 log = logging.getLogger(__name__)
 PATH = wire.PROGRESS_PATH
@@ -52,22 +52,46 @@ async def _read_bounded(request: web.Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-TokenKey = Callable[[], str | None]  # the key tokens are derived from (the Ray auth token), None: none now
+# The key tokens are derived from (the Ray auth token); None: Ray token authentication is off. Raises
+# TokenUnavailable when there should be one and it cannot be read.
+TokenKey = Callable[[], str | None]
 
 
-def ray_token_key() -> str | None:
-    """The Ray auth token where Ray looks for it, read again when its file changes; None if unreadable."""
-    try:
-        return wire.ray_auth_token()
-    except wire.RayTokenUnreadable:
-        return None
+class TokenUnavailable(Exception):
+    """The Ray auth token is named (RAY_AUTH_TOKEN_PATH) or was seen, and cannot be read now."""
+
+
+class RayTokenKey:
+    """The Ray auth token where Ray looks for it, read again when its file changes. None only while
+    no file is named and none was ever found: then Ray token authentication is off, and so are
+    progress tokens. A named file that cannot be read, or a token that was there and is gone (a
+    rotation half done, a file moved away), raises TokenUnavailable: reports are refused until it
+    is back, the check is never switched off by a missing file."""
+
+    def __init__(self, read: Callable[[], str | None] = wire.ray_auth_token) -> None:
+        self._read = read
+        self.seen = False
+
+    def __call__(self) -> str | None:
+        try:
+            token = self._read()
+        except wire.RayTokenUnreadable as exc:
+            raise TokenUnavailable(str(exc)) from None
+        if token is None and self.seen:
+            raise TokenUnavailable("the Ray auth token this exporter checked tokens with is no longer where Ray "
+                                   "looks for it")
+        self.seen = self.seen or token is not None
+        return token
 
 
 def check_token(mode: str, key: TokenKey, header: str | None, reports: list[Report]) -> None:
     """Raise Rejected(401) unless tokens are off or the header holds the token of every report's owner."""
     if mode == "off":
         return
-    secret = key()
+    try:
+        secret = key()
+    except TokenUnavailable as exc:
+        raise Rejected(401, "unauthorized", f"{exc}: reports are refused until it can be read again") from None
     if secret is None:
         if mode == "auto":
             return  # Ray token authentication is off: so are progress tokens
@@ -77,15 +101,19 @@ def check_token(mode: str, key: TokenKey, header: str | None, reports: list[Repo
     if scheme.lower() != "bearer" or not given.strip():
         raise Rejected(401, "unauthorized", f"a token is required: Authorization: Bearer <token>; the launcher "
                        f"gives every attempt its token in {wire.ENV_PROGRESS_TOKEN}")
+    # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, once a 500). A header
+    # that is not UTF-8 arrives with surrogate escapes; "replace" keeps it unequal to any hex token.
+    presented = given.strip().encode("utf-8", "replace")
     for index, report in enumerate(reports):
-        if not hmac.compare_digest(given.strip(), wire.progress_token(secret, *owner(report))):
+        if not hmac.compare_digest(presented, wire.progress_token(secret, *owner(report)).encode()):
             kind, name = owner(report)
             raise Rejected(401, "unauthorized", f"reports[{index}]: the token is not the one of {kind} {name}")
 
 
-def progress_app(store: ProgressStore, token_key: TokenKey = ray_token_key) -> web.Application:
+def progress_app(store: ProgressStore, token_key: TokenKey | None = None) -> web.Application:
     limit = store.settings.max_body_bytes
     mode = store.settings.token
+    token_key = token_key or RayTokenKey()
 
     async def post(request: web.Request) -> web.Response:
         try:
@@ -122,11 +150,11 @@ class ProgressEndpoint:
     """Owns the listener; `start()` reports whether it is listening."""
 
     def __init__(self, settings: ProgressSettings, store: ProgressStore, guard: Guard,
-                 token_key: TokenKey = ray_token_key, logger: logging.Logger | None = None) -> None:
+                 token_key: TokenKey | None = None, logger: logging.Logger | None = None) -> None:
         self.settings = settings
         self.store = store
         self.guard = guard  # shared with /metrics: one bound on connections for the whole exporter
-        self.token_key = token_key
+        self.token_key = token_key or RayTokenKey()  # one for the endpoint's life: it remembers a token seen
         self.logger = logger  # aiohttp's server logger (client errors are counted, not traced)
         self.socket_path: Path | None = None
         self.listening = False
@@ -137,7 +165,7 @@ class ProgressEndpoint:
         listen = self.settings.listen
         if listen == LISTEN_OFF:
             return False
-        if self.settings.token == "required" and self.token_key() is None:
+        if self.settings.token == "required" and self._key_or_none() is None:
             log.error("progress.token is required but no Ray auth token is readable (RAY_AUTH_TOKEN, "
                       "RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token): the progress endpoint does not listen")
             return False
@@ -169,6 +197,12 @@ class ProgressEndpoint:
         self.listening = True
         log.info("progress endpoint listening on %s%s", self.address, PATH)
         return True
+
+    def _key_or_none(self) -> str | None:
+        try:
+            return self.token_key()
+        except TokenUnavailable:
+            return None
 
     async def stop(self) -> None:
         if self._runner is not None:

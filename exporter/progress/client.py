@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from exporter import wire
+from exporter.contract import wire
 
 __all__ = ["checkpoint", "checkpoint_dir", "checkpoint_saved", "flush", "phase", "ray_train_report", "report",
            "report_iteration", "resume_from", "stats"]

@@ -29,9 +29,11 @@ reports how its run heals, with kind "run": {"kind": "run", "run_id": "...", "ti
 "hang", "detect_seconds": 31.5, "recover_seconds": 52.0, "steps_lost": 3} for a recovery, and
 {"kind": "run", "run_id": "...", "time": ..., "effective_training_ratio": 0.93} as the run goes.
 
-Every field is checked (unknown fields are refused by name); a batch is applied whole or not at
-all. One global bound, the series the store holds (progress.max_series), caps its memory and the
-size of /metrics; the jobs tracked at once and the ranks per job are fairness limits under it (429
+A report names its job by its submission id or, without one, by its Ray job id: a job id beside a
+submission id is dropped (the token proves the submission only; Ray says which job it is). Every
+field is checked (unknown fields are refused by name); a batch is applied whole or not at all. One
+global bound, the series the store holds (progress.max_series), caps its memory and the size of
+/metrics; the jobs tracked at once and the ranks per job are fairness limits under it (429
 beyond any of them). Jobs Ray says have ended, or does not know, are let go soon after their last
 report (`doubtful`), first when room is needed; other ranks that stop reporting expire. A rank's RL
 phases and reward sources count against progress.max_series like every other series. A NaN or
@@ -54,9 +56,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
-from exporter import strict, wire
 from exporter.config import ProgressSettings
-from exporter.strict import Strict
+from exporter.contract import strict, wire
+from exporter.contract.strict import Strict
 
 FLOAT_FIELDS = ("loss", "grad_norm", "learning_rate")
 RL_NONFINITE_FIELDS = ("reward_mean", "kl", "entropy")  # NaN/Infinity accepted and counted, like the loss
@@ -66,9 +68,9 @@ RL_FIELDS = ("iteration", "iterations_total", "phases", "rollouts_total", "gener
              *RL_VALUE_FIELDS)
 REJECT_REASONS = ("invalid", "unauthorized", "too_large", "unsupported_media_type", "too_many_jobs",
                   "too_many_ranks", "too_many_series")
-# Series each holds in /metrics (exporter/collectors/ray/train.py): a rank's 13 gauges and counters and
+# Series each holds in /metrics (exporter/collectors/ray/train.py): a rank's 15 gauges and counters and
 # its 3 non-finite counts; a job's rank count; a run's 4 gauges and a recovery count per fault class.
-SERIES_PER_RANK = 16
+SERIES_PER_RANK = 18
 SERIES_PER_JOB = 1
 SERIES_PER_RUN = 4 + len(wire.FAULT_CLASSES)
 # A rank that reports RL adds 15 raypulse_rl_* series and 3 non-finite counts, 3 per phase, 1 per reward source.
@@ -188,7 +190,11 @@ def parse_batch(data: Any) -> list[Report]:
         if abs(report.time - now) > _CLOCK_SKEW_SECONDS:
             raise Rejected(400, "invalid", f"reports[{index}].time: {report.time} is more than "
                            f"{_CLOCK_SKEW_SECONDS:g}s away from the exporter's clock ({now:.0f})")
-    return batch.reports
+    # A report with a submission id is that submission's (its token proves that much and no more): a
+    # Ray job id beside it is only a claim, so it is dropped and the train collector takes the job id
+    # from Ray's Jobs API, as it does for a report that names its submission alone.
+    return [report.model_copy(update={"job_id": None}) if report.submission_id and report.job_id else report
+            for report in batch.reports]
 
 
 def take_values(report: Any, names: Iterable[str], values: dict[str, float], nonfinite: Counter[str]) -> None:
@@ -244,6 +250,10 @@ class RankState:
     nonfinite: Counter[str] = field(default_factory=Counter)
     reports: int = 0
     last_progress_time: float | None = None
+    # The rank's first step in this job and when it was made: for an attempt of a launcher run (a job of
+    # its own) the step it resumed at, which the launcher's recovery time and steps lost are measured by.
+    first_step: float | None = None
+    first_progress_time: float | None = None
     last_checkpoint_time: float | None = None
     checkpoint_step: float | None = None
     checkpoint_seconds: float | None = None  # how long the last checkpoint save took
@@ -285,6 +295,8 @@ class RankState:
         self.last_progress_time = max(self.last_progress_time or 0.0, report.time)
         if report.step is not None:
             self.step = report.step
+            if self.first_progress_time is None or report.time < self.first_progress_time:
+                self.first_step, self.first_progress_time = report.step, report.time
         # Totals only grow within one process; a smaller one means the trainer restarted (a counter reset).
         if report.samples_total is not None:
             self.samples_total = report.samples_total

@@ -13,6 +13,9 @@ node_exporter's otherwise, and only for nodes that run a raypulse exporter (a no
 scraped by some other job, without our labels, stays out).
 
 The names below are node_exporter's (1.5 and later, default collectors) with the labels they carry.
+The dashboards (node panels) and the alerts (memory and OOM rules) read them; it sits in the
+exporter's contract room, next to the label contract both already read, so that neither of them
+imports the other (tests/test_layers.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ What crosses:
 - Ray node labels the launcher puts on the nodes it starts (the exporter's /sd reads them);
 - Ray job metadata the launcher puts on every attempt (the exporter labels job series with it);
 - environment variables the launcher gives the nodes and the job's processes;
-- default ports and HTTP paths of the exporter;
+- default ports and HTTP paths of the exporter, and how /metrics is asked for a few families;
 - the names of the actors `launcher exporters deploy` places (the exporter's /sd reads them);
 - where the Ray auth token is found, as Ray itself looks for it;
 - the token a job's processes show the progress endpoint (derived from the Ray token).
@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 # --- ports and paths of the exporter ---------------------------------------------------------------
@@ -27,6 +28,27 @@ PROGRESS_PATH = "/v1/progress"
 SD_PATH = "/sd"  # Prometheus HTTP service discovery, on the head's exporter
 METRICS_PATH = "/metrics"
 HEALTH_PATH = "/healthz"
+
+# --- /metrics, only the families asked for ----------------------------------------------------------
+# GET /metrics?name[]=raypulse_gpu_up&name[]=raypulse_train_step serves those families only, as /metrics
+# serves all (formats, gzip, auth), with an ETag; If-None-Match with it is answered 304 while they are
+# unchanged. Names are exact, as docs/metrics.md spells them (counters with _total); unknown ones are
+# absent. `[]` as in Prometheus' /federate?match[]= and node_exporter's collect[]=; `name`, not `match`,
+# because these are names, not series selectors.
+METRICS_NAME_PARAM = "name[]"
+# More name[] parameters in one request are answered 400. 64 of the longest names fit in aiohttp's
+# 8190-byte request line, brackets percent-encoded; a longer list is asked for in parts.
+METRICS_MAX_NAMES = 64
+
+
+def metrics_path(names: Iterable[str]) -> str:
+    """The path and query of /metrics restricted to `names` (sorted and deduplicated, so that one set is
+    always one URL); ValueError for more than METRICS_MAX_NAMES."""
+    unique = sorted(set(names))
+    if len(unique) > METRICS_MAX_NAMES:
+        raise ValueError(f"{len(unique)} families asked for; at most {METRICS_MAX_NAMES} per request: "
+                         "ask for them in parts")
+    return f"{METRICS_PATH}?{urllib.parse.urlencode([(METRICS_NAME_PARAM, name) for name in unique])}"
 
 # --- node_exporter beside the exporter (the node-exporter-companion profile) ----------------------
 NODE_EXPORTER_PORT = 9100  # node_exporter's default --web.listen-address port
