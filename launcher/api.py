@@ -18,42 +18,36 @@ With an OTLP endpoint (spec `otlp_endpoint` or OTEL_EXPORTER_OTLP_*), all of it 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from exporter import wire
+from exporter.contract import wire
 from launcher import detach as detaching
 from launcher import recording, target
-from launcher.deploy import remote
+from launcher.backends.base import Backend, Placement
+from launcher.backends.existing import ExistingBackend, client_for
+from launcher.backends.local import cluster_client
+from launcher.backends.registry import BACKENDS, resolve
 from launcher.display import Reporter
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
-from launcher.healing import Healing, NodeRemedy
+from launcher.healing import Healing
 from launcher.health import stacks
-from launcher.health.exporters import Target, from_sd
-from launcher.health.remedy import DrainRemedy, LocalRemedy
-from launcher.jobs import TERMINAL, JobsClient, read_token
+from launcher.jobs import TERMINAL, JobsClient
 from launcher.journal import Journal
 from launcher.local import Cancelled, LocalCluster, forget_cluster, stop_cluster_processes
-from launcher.run import Run, finish_run, job_view, submission_id, update_attempt
+from launcher.run import Run, job_view, submission_id, update_attempt
 from launcher.runtime_env import is_remote
 from launcher.spec import JobSpec, build_spec
 from launcher.state import (
     ClusterRecord,
-    ExporterAccess,
     RunRecord,
-    clear_stop,
     load_cluster,
-    load_deployment_access,
     load_run,
-    private_dir,
     request_stop,
     run_dir,
 )
@@ -87,120 +81,34 @@ def _check_local_paths(spec: JobSpec) -> JobSpec:
     return spec.model_copy(update=update) if update else spec
 
 
-def _checkpoint_dir(spec: JobSpec) -> str | None:
-    """Where the run's checkpoints go (RAYPULSE_CHECKPOINT_DIR). A local cluster's nodes (a kept one's
-    too) share this machine: the directory is made now (under the run's record unless the spec names one), and one
-    that cannot be made or written is bad input. Elsewhere it is what the spec says (checked to be an
-    absolute path or a URI), since only the nodes can tell whether they reach it."""
-    if spec.resolved_backend != "local" and not (spec.cluster and load_cluster(spec.cluster) is not None):
-        return spec.checkpoint_dir  # a kept local cluster's nodes are on this machine too: handled below
-    path = Path(spec.checkpoint_dir) if spec.checkpoint_dir else run_dir(spec.run_id or "") / "checkpoints"
-    try:
-        private_dir(path)
-        probe = path / f".raypulse-write-check-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise BadInput(f"checkpoint_dir: cannot write checkpoints to {path}: {exc.strerror or exc}; give "
-                       "--checkpoint-dir a directory the nodes can write") from None
-    return str(path.resolve())
-
-
-def _healing(spec: JobSpec, journal: Journal, client: JobsClient, cluster: LocalCluster | None) -> Healing | None:
-    """The run's health watcher and what it may do: on a local cluster its record lists the exporters
-    and a faulty worker is replaced; on an existing cluster the head exporter's /sd lists them and a
-    faulty node is drained through Ray."""
+def _healing(spec: JobSpec, journal: Journal, placement: Placement) -> Healing | None:
+    """The run's health watcher: it reads the exporters the backend names and acts through its remedy."""
     if not spec.health.enabled:
         return None
-    dashboard = client.dashboard
-    kept = load_cluster(spec.cluster) if spec.cluster else None  # a kept local cluster: its record lists them
-    if cluster is not None or kept is not None:
-        def targets() -> list[Target]:
-            record = cluster.record if cluster is not None else kept
-            if record is None:
-                return []
-            # Exporters under a web config are read with the launcher's own credentials and trust.
-            return [Target(ref.node, ref.url, record.exporter_access) for ref in record.exporters]
-
-        record = cluster.record if cluster is not None else kept
-        head = next((ref.progress_url for ref in record.exporters if ref.role == "head"), None) if record else None
-        remedy: NodeRemedy = LocalRemedy(cluster) if cluster is not None else DrainRemedy(client)
-        return Healing(spec.health, journal, targets, remedy, dashboard, progress_url=head, local_processes=True)
-    # Exporters deployed from here with a web config are read with the deploy's credentials and trust.
-    access = load_deployment_access(client.address)
-    sd_url = _head_exporter(client, access) + wire.SD_PATH
-    targets = from_sd(sd_url, access)
-    return Healing(spec.health, journal, targets, DrainRemedy(client), dashboard)
+    exporters = placement.exporters
+    return Healing(spec.health, journal, exporters.targets, placement.remedy, placement.client.dashboard,
+                   progress_url=exporters.progress_url, local_processes=placement.local_processes)
 
 
-def _recorder(spec: JobSpec, journal: Journal, client: JobsClient,
-              cluster: LocalCluster | None) -> recording.Recorder | None:
+def _recorder(spec: JobSpec, journal: Journal, placement: Placement) -> recording.Recorder | None:
     """The run's recording (launcher/recording.py), unless `record: off` or the user's Prometheus
     keeps the run's series (`prometheus:`): reports then read it, and nothing is recorded twice."""
     if spec.record == "off" or spec.prometheus:
         return None
     record = journal.record
     assert record is not None
-    kept = load_cluster(spec.cluster) if spec.cluster else None
-    source: recording.SdSource
-    if cluster is not None or kept is not None:
-        local = cluster.record if cluster is not None else kept
-        access = local.exporter_access if local is not None else None
-
-        def source() -> str | None:  # read each round: a new cluster's exporters start once the job runs
-            current = cluster.record if cluster is not None else kept
-            head = next((ref.url for ref in current.exporters if ref.role == "head"), None) if current else None
-            return head + wire.SD_PATH if head else None
-    else:
-        access = load_deployment_access(client.address)
-        head: list[str] = []
-
-        def source() -> str | None:  # found on the recorder's first round, off the submit's path
-            if not head:
-                head.append(_head_exporter(client, access) + wire.SD_PATH)
-            return head[0]
-
-    return recording.start(record.directory, source, interval=spec.record_interval, access=access,
+    exporters = placement.exporters
+    return recording.start(record.directory, exporters.sd_url, interval=spec.record_interval, access=exporters.access,
                            notify=lambda kind, details: journal.emit(kind, **details), meta={"run_id": record.run_id})
-
-
-def _head_exporter(client: JobsClient, access: ExporterAccess | None = None) -> str:
-    """The head's exporter: the one `launcher exporters deploy` placed there, else the default port on
-    the dashboard's host (an exporter started by hand)."""
-    try:
-        rows = remote.exporters_status(client, access)["nodes"]
-        head = next((row["exporter_url"] for row in rows if row["role"] == "head" and row["exporter_url"]), None)
-        if head:
-            return head
-    except (InfraError, OSError, KeyError):
-        pass
-    host = urlsplit(client.address).hostname or "127.0.0.1"
-    return f"http://{host}:{wire.EXPORTER_PORT}"
-
-
-def cluster_client(name: str) -> tuple[ClusterRecord, JobsClient]:
-    """A kept (or running) local cluster and a Jobs API client for it."""
-    record = load_cluster(name)
-    if record is None:
-        raise BadInput(f"cluster: no running local cluster named {name!r}; start one with `launcher up --name {name}`")
-    return record, JobsClient(record.address, Path(record.token_path).read_text().strip(), field="cluster")
-
-
-def client_for(address: str | None, cluster: str | None, token_path: Path | None = None) -> JobsClient:
-    if cluster:
-        return cluster_client(cluster)[1]
-    if not address:
-        raise BadInput("address: give --address URL (a Ray dashboard) or --cluster NAME (a kept local cluster)")
-    return JobsClient(address, read_token(token_path))
 
 
 class RunHandle:
     """A submitted run: status(), logs(), stop(), wait(). Use it as a context manager (or call
     close()) so that a local cluster is torn down even when wait() is never reached."""
 
-    def __init__(self, run: Run, cluster: LocalCluster | None, recorder: recording.Recorder | None = None) -> None:
+    def __init__(self, run: Run, placement: Placement, recorder: recording.Recorder | None = None) -> None:
         self._run = run
-        self._cluster = cluster
+        self._placement = placement
         self._recorder = recorder
 
     @property
@@ -213,7 +121,8 @@ class RunHandle:
 
     @property
     def cluster(self) -> ClusterRecord | None:
-        return self._cluster.record if self._cluster else None
+        """The local cluster the run is on, while it is up."""
+        return self._placement.cluster
 
     def status(self) -> RunRecord:
         """The run record with the current attempt refreshed from the cluster."""
@@ -251,23 +160,14 @@ class RunHandle:
         return self._run.record
 
     def close(self) -> None:
-        """Tear down the local cluster this run started, unless it is kept, and end the run's trace."""
+        """Tear down what the backend started for the run (a local cluster, unless kept) and end the run's trace."""
         journal, record = self._run.journal, self._run.record
         if self._recorder is not None:  # before the teardown: exporters going away are no news
             self._recorder.stop()
         journal.close(record.state)  # closed before the attempt ended: it is left as it is
-        self._close_cluster()
+        self._placement.close(journal)
         journal.run_trace.finish(record.state, record.reason, {"raypulse.exit_code": record.exit_code,
                                                                "raypulse.attempts": len(record.attempts)})
-
-    def _close_cluster(self) -> None:
-        if self._cluster is None or self._cluster.record is None:
-            return
-        if self._cluster.kept:
-            record = self._cluster.record
-            self._run.journal.emit("cluster.kept", cluster=record.name, address=record.address)
-            return
-        self._cluster.teardown()
 
     def __enter__(self) -> RunHandle:
         return self
@@ -286,36 +186,27 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
     spec, taken = target.resolve(spec)
     if taken is not None:
         reporter.info(taken.note)
-    spec = spec.with_run_id()
+    spec = _check_local_paths(spec.with_run_id())
     if detach:
         spec = detaching.spec_for_no_wait(spec)
+    backend = resolve(spec)
+    if not backend.followed:
+        raise BadInput(f"backend: {backend.name} runs are handed off, not followed: `launcher submit --backend "
+                       f"{backend.name}` applies them (the backend's hand_off())")
     cancel = cancel or threading.Event()
-    backend = spec.resolved_backend
-    if backend == "kuberay":
-        raise BadInput("backend: kuberay runs are applied with launcher.kuberay.apply(spec) (`launcher submit "
-                       "--backend kuberay`); they are followed with kubectl")
-    spec = _check_local_paths(spec)
-    checkpoint_dir = _checkpoint_dir(spec)
-    record = load_run(spec.run_id)
-    left_running = load_cluster(spec.run_id) if backend == "local" else None
-    if backend == "local" and left_running is None and record is not None and record.exit_code is not None:
-        raise BadInput(f"run_id: run {spec.run_id} already ended {record.state} (exit {record.exit_code}) and its "
-                       f"cluster is gone; see `launcher status {spec.run_id}`, or choose another --run-id")
-    if record is None or (backend == "local" and left_running is None):
-        record = RunRecord(run_id=spec.run_id, name=spec.name, backend=backend, max_attempts=spec.max_attempts,
-                           spec=spec.model_dump(mode="json"))
-        clear_stop(spec.run_id)  # a stop asked of an earlier run with this id is not for this one
+    checkpoint_dir = backend.checkpoint_dir()
+    record = backend.run_record()
     # This process supervises the run now (a run submitted with --no-wait is followed from here on).
     record.pid, record.detached, record.max_attempts = os.getpid(), False, spec.max_attempts
     record.checkpoint_dir = checkpoint_dir
     run_trace = RunTrace(traces_url(spec.otlp_endpoint, os.environ), {
-        "raypulse.run_id": spec.run_id, "raypulse.job_name": spec.name, "raypulse.backend": backend,
+        "raypulse.run_id": spec.run_id, "raypulse.job_name": spec.name, "raypulse.backend": backend.name,
         "raypulse.max_attempts": spec.max_attempts}, warn=reporter.warn)
     record.trace_id = run_trace.trace_id
     journal = Journal(reporter, record, run_trace)
     try:
         with run_trace.current():
-            handle = _start(spec, journal, left_running, cancel, follow_logs, detach)
+            handle = _start(spec, journal, backend, cancel, follow_logs, detach)
     except BaseException as exc:
         state = record.state if record.exit_code is not None else (
             "STOPPED" if isinstance(exc, Cancelled) else "BAD_INPUT" if isinstance(exc, BadInput) else "INFRA_ERROR")
@@ -327,59 +218,24 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
     return handle
 
 
-def _start(spec: JobSpec, journal: Journal, left_running: ClusterRecord | None, cancel: threading.Event,
-           follow_logs: bool, detach: bool) -> RunHandle:
+def _start(spec: JobSpec, journal: Journal, backend: Backend, cancel: threading.Event, follow_logs: bool,
+           detach: bool) -> RunHandle:
     """submit() past its checks: the cluster, then the first attempt (inside the run's trace)."""
-    record = journal.record
-    assert record is not None
-    backend = spec.resolved_backend
-    cluster: LocalCluster | None = None
-    if backend == "existing":
-        client = client_for(spec.address, spec.cluster, spec.token_path)
-        journal.emit("run.placed", address=client.address, cluster=spec.cluster)
-    elif left_running is not None:
-        # The cluster of an earlier submit of this run is still up (kept, or its launcher died):
-        # follow the run there, status first, instead of starting a second cluster.
-        journal.reporter.info(f"cluster {left_running.name} of run {spec.run_id} is still running; following the "
-                              "run on it")
-        cluster = LocalCluster.adopt(left_running, journal, cancel)
-        client = cluster_client(left_running.name)[1]
-        journal.emit("run.placed", address=left_running.address, cluster=left_running.name, kept=left_running.kept)
-    else:
-        # Ray's Jobs client takes a second to import: do it while the nodes start.
-        threading.Thread(target=importlib.import_module, args=("ray.job_submission",), daemon=True).start()
-        # A detached run's exporters start with the cluster: nothing is left to start them later.
-        cluster = LocalCluster(spec, spec.run_id, journal, cancel, kept=spec.keep_cluster, defer_exporters=not detach)
-        journal.emit("run.placed", cluster=spec.run_id, kept=spec.keep_cluster)
-        try:
-            cluster_record = cluster.start()
-        except BadInput:
-            shutil.rmtree(record.directory, ignore_errors=True)  # nothing was started: no run either
-            raise
-        except InfraError as exc:
-            finish_run(journal, "INFRA_ERROR", str(exc))
-            raise
-        try:
-            client = JobsClient(cluster_record.address, Path(cluster_record.token_path).read_text().strip())
-        except BaseException:
-            cluster.teardown()
-            raise
+    placement = backend.place(journal, cancel, detach)
     # A new local cluster's exporters start once the job runs: on a small machine their start-up
     # would otherwise compete with the job's (the run also starts them if it stays pending).
-    recorder = None if detach else _recorder(spec, journal, client, cluster)  # nothing follows a detached run
-    run = Run(spec, client, journal, cancel, follow_logs=follow_logs,
-              on_running=cluster.start_exporters if cluster is not None else None,
-              healing=_healing(spec, journal, client, cluster))
+    recorder = None if detach else _recorder(spec, journal, placement)  # nothing follows a detached run
+    run = Run(spec, placement.client, journal, cancel, follow_logs=follow_logs, on_running=placement.on_running,
+              healing=_healing(spec, journal, placement), recorder=recorder)
     try:
         run.start()
     except BaseException:
         if recorder is not None:
             recorder.stop()
         journal.close("FAILED")
-        if cluster is not None:
-            cluster.teardown()
+        placement.abort()
         raise
-    return RunHandle(run, cluster, recorder)
+    return RunHandle(run, placement, recorder)
 
 
 # --- clusters without a job ----------------------------------------------------------------------
@@ -442,18 +298,9 @@ def _stop_jobs(name: str, timeout: float = JOB_STOP_TIMEOUT_S) -> list[str]:
 
 
 def _record_client(record: RunRecord, token_path: Path | None = None) -> JobsClient | None:
-    """A client for the cluster the run used, if that cluster still answers. An existing cluster's
-    token: --token-path, else the file the run was submitted with, else where Ray looks."""
-    try:
-        if record.cluster and load_cluster(record.cluster) is not None:
-            return cluster_client(record.cluster)[1]
-        if record.address and record.backend == "existing":
-            submitted_with = record.spec.get("token_path")
-            return JobsClient(record.address, read_token(token_path or (Path(submitted_with) if submitted_with
-                                                                       else None)))
-    except BadInput:
-        return None
-    return None
+    """A client for the cluster the run used, if that cluster still answers (its backend knows how)."""
+    backend = BACKENDS.get(record.backend)
+    return backend.reach(record, token_path) if backend is not None else None
 
 
 def runs_on_cluster(client: JobsClient) -> dict[str, RunRecord]:
@@ -464,7 +311,7 @@ def runs_on_cluster(client: JobsClient) -> dict[str, RunRecord]:
         metadata = job.metadata or {}
         run_id = metadata.get(wire.META_RUN_ID) or job.submission_id or job.job_id
         run = runs.setdefault(run_id, RunRecord(
-            run_id=run_id, name=metadata.get(wire.META_JOB_NAME, run_id), backend="existing",
+            run_id=run_id, name=metadata.get(wire.META_JOB_NAME, run_id), backend=ExistingBackend.name,
             address=client.address, max_attempts=int(metadata.get(wire.META_MAX_ATTEMPTS, 1)),
             created_at=(job.start_time or 0) / 1000))
         run.trace_id = metadata.get(wire.META_TRACE_ID) or run.trace_id  # the latest traced submit's
@@ -561,9 +408,10 @@ def diagnose(run_id: str, *, live: bool | None = None, address: str | None = Non
             raise BadInput(f"run_id: run {run_id!r} has no running attempt on a reachable cluster to take stacks of")
         details = client.details(current.submission_id)
         job = job_view(details) if details is not None else {}
-        processes = stacks.job_processes(client.dashboard, job.get("job_id"), job.get("driver"))
+        local = record.cluster is not None and load_cluster(record.cluster) is not None  # processes on this machine
+        processes = stacks.job_processes(client.dashboard, job.get("job_id"), job.get("driver"),
+                                         submission_id=current.submission_id, local=local)
         directory = run_dir(run_id) / "stacks" / f"live-{time.strftime('%Y%m%d-%H%M%S')}"
-        local = record.cluster is not None and load_cluster(record.cluster) is not None
         return [stacks.collect(client.dashboard, processes, directory, local=local)]
     saved = sorted((run_dir(run_id) / "stacks").glob("*/summary.json"), key=lambda path: path.stat().st_mtime,
                    reverse=True)

@@ -1,14 +1,13 @@
 """`launcher` command line: submit, status, logs, stop, list, up, down, render.
 
 Verbs and flags follow `ray job` and kubectl (`--output json`, `logs --follow`); every submit option
-is a field of the job spec (SPEC_OPTIONS) so `-f job.yaml` and flags mix freely, flags winning.
+is a field of the job spec (launcher/flags.py) so `-f job.yaml` and flags mix freely, flags winning.
 Exit codes are launcher.exitcodes.ExitCode; bad input exits 2 before anything starts.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 import signal
 import sys
 import threading
@@ -21,260 +20,22 @@ import click
 import psutil
 
 from exporter import __version__
-from launcher import api, detach, kuberay, redact, runtime_env, target
+from launcher import api, detach, kuberay, redact, target
+from launcher.backends.base import Backend
+from launcher.backends.existing import client_for
+from launcher.backends.kuberay import KubeRayBackend
+from launcher.backends.local import UP_CLUSTER_NAME, LocalBackend
+from launcher.backends.registry import resolve
 from launcher.display import PlainReporter, Reporter, reporter_for_terminal
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
 from launcher.failing import fail
+from launcher.flags import spec_data, spec_from_options, spec_options
 from launcher.journal import Journal
 from launcher.local import Cancelled
 from launcher.run import finish_run
-from launcher.spec import JobSpec, SpecError, WorkerGroup, build_spec, load_spec_file
+from launcher.spec import JobSpec, SpecError, build_spec
 from launcher.state import RunRecord, list_clusters, list_runs, load_run
-
-# Option (click parameter name) -> the spec field it sets. tests/test_launcher_spec.py holds this
-# and JobSpec equal both ways: a new field needs a flag, a new flag needs a field.
-SPEC_OPTIONS: dict[str, str] = {
-    "name": "name",
-    "command": "entrypoint",
-    "working_dir": "working_dir",
-    "runtime_env": "runtime_env",
-    "runtime_env_json": "runtime_env",
-    "pip": "runtime_env.pip",
-    "env": "runtime_env.env_vars",
-    "head_cpus": "head.cpus",
-    "head_memory": "head.memory",
-    "head_resource": "head.resources",
-    "worker_group": "worker_groups",
-    "workers": "worker_groups[].count",
-    "worker_cpus": "worker_groups[].cpus",
-    "worker_gpus": "worker_groups[].gpus",
-    "worker_memory": "worker_groups[].memory",
-    "worker_resource": "worker_groups[].resources",
-    "max_retries": "max_retries",
-    "retry_backoff": "retry_backoff_seconds",
-    "retry_backoff_max": "retry_backoff_max_seconds",
-    "active_deadline_seconds": "active_deadline_seconds",
-    "pre_running_deadline_seconds": "pre_running_deadline_seconds",
-    "workspace": "workspace",
-    "user": "user",
-    "label": "labels",
-    "image": "image",
-    "run_id": "run_id",
-    "backend": "backend",
-    "address": "address",
-    "cluster": "cluster",
-    "keep_cluster": "keep_cluster",
-    "record": "record",
-    "record_interval": "record_interval",
-    "prometheus": "prometheus",
-    "simulate_gpus": "simulate_gpus",
-    "exporter_port": "exporter_port",
-    "progress_port": "progress_port",
-    "token_path": "token_path",
-    "namespace": "namespace",
-    "queue": "queue",
-    "exporter_image": "exporter_image",
-    "exporter_web_config": "exporter_web_config",
-    "exporter_web_config_secret": "exporter_web_config_secret",
-    "otlp_endpoint": "otlp_endpoint",
-    "checkpoint_dir": "checkpoint_dir",
-    "no_health": "health.enabled",
-    "health_check_interval": "health.check_interval_seconds",
-    "hang_after": "health.hang_after_seconds",
-    "silence_after": "health.silence_after_seconds",
-    "on_hang": "health.on_hang",
-    "on_gpu_fault": "health.on_gpu_fault",
-    "on_node_lost": "health.on_node_lost",
-    "on_nonfinite_loss": "health.on_nonfinite_loss",
-    "no_stacks": "health.stacks",
-}
-NEGATIONS = {"no_health", "no_stacks"}  # flags that turn a default-on field off
-WORKER_SHORTHANDS = {"workers": "count", "worker_cpus": "cpus", "worker_gpus": "gpus", "worker_memory": "memory",
-                     "worker_resource": "resources"}
-
-
-def _pairs(option: str, values: tuple[str, ...], convert: Callable[[str], Any] = str) -> dict[str, Any]:
-    """KEY=VALUE flags (repeatable) as a dict; a malformed one is a usage error naming the flag."""
-    result = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=option)
-        try:
-            result[key] = convert(value)
-        except ValueError:
-            raise click.BadParameter(f"{item!r}: {value!r} is not a number", param_hint=option) from None
-    return result
-
-
-def parse_worker_group(text: str) -> dict[str, Any]:
-    """`NAME:count=2,cpus=4,gpus=1,memory=16Gi,resource.accel=1` (PAI DLC's role syntax) as a group."""
-    name, _, rest = text.partition(":")
-    group: dict[str, Any] = {"name": name}
-    for item in filter(None, rest.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r} in {text!r} is not key=value", param_hint="--worker-group")
-        if key.startswith("resource."):
-            group.setdefault("resources", {})[key.removeprefix("resource.")] = value
-        elif key in WorkerGroup.model_fields and key not in ("name", "resources"):
-            group[key] = value
-        else:
-            raise click.BadParameter(f"unknown key {key!r} in {text!r}; use count, cpus, gpus, memory, resource.NAME",
-                                     param_hint="--worker-group")
-    return group
-
-
-def spec_from_options(file: Path | None, options: dict[str, Any]) -> JobSpec:
-    """The spec file (if any) with the given flags laid over it, validated."""
-    return build_spec(*spec_data(file, options))
-
-
-def _runtime_env_flags(data: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """--runtime-env FILE or --runtime-env-json (Ray's format) over the spec's runtime env, then
-    --pip (added to its requirements) and --env (merged by name) over that."""
-    if "runtime_env" in given and "runtime_env_json" in given:
-        raise SpecError("runtime_env: give --runtime-env FILE or --runtime-env-json JSON, not both "
-                        "(as `ray job submit`)")
-    if "runtime_env" in given:
-        data = runtime_env.layer(data, runtime_env.from_file(given.pop("runtime_env")))
-    elif "runtime_env_json" in given:
-        data = runtime_env.layer(data, runtime_env.from_json(given.pop("runtime_env_json")))
-    if "pip" in given or "env" in given or "working_dir" in given:
-        runtime = data["runtime_env"] = runtime_env.mapping(data.get("runtime_env"))
-        if "working_dir" in given:
-            runtime.pop("working_dir", None)  # --working-dir wins over a runtime env's
-        if "pip" in given:
-            try:
-                runtime["pip"] = runtime_env.add_packages(runtime.get("pip"), list(given.pop("pip")))
-            except ValueError as exc:
-                raise SpecError(f"runtime_env.pip: {exc}") from None
-        if "env" in given:
-            runtime["env_vars"] = {**runtime_env.mapping(runtime.get("env_vars")), **_pairs("--env", given.pop("env"))}
-    return data
-
-
-def spec_data(file: Path | None, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The spec file's fields (if any) with the given flags laid over them, and where they come from
-    (for errors); validated by build_spec."""
-    data: dict[str, Any] = load_spec_file(file) if file else {}
-    source = str(file) if file else "job spec"
-    given = {key: value for key, value in options.items() if value not in (None, (), False)}
-    command = given.pop("command", None)
-    if command:
-        data["entrypoint"] = command[0] if len(command) == 1 else shlex.join(command)
-    data = _runtime_env_flags(data, given)
-    head = {key.removeprefix("head_"): given.pop(key) for key in ("head_cpus", "head_memory") if key in given}
-    if "head_resource" in given:
-        head["resources"] = _pairs("--head-resource", given.pop("head_resource"), float)
-    if head:
-        data["head"] = {**data.get("head", {}), **head}
-    shorthands = {field: given.pop(key) for key, field in WORKER_SHORTHANDS.items() if key in given}
-    if "resources" in shorthands:
-        shorthands["resources"] = _pairs("--worker-resource", shorthands["resources"], float)
-    if "worker_group" in given:
-        if shorthands:
-            raise SpecError(f"{source}: worker_groups: give either --worker-group or the --workers/--worker-* "
-                            "shorthands, not both")
-        data["worker_groups"] = [parse_worker_group(text) for text in given.pop("worker_group")]
-    elif shorthands:
-        groups = data.get("worker_groups") or [{}]
-        if len(groups) != 1:
-            raise SpecError(f"{source}: worker_groups: the --workers/--worker-* shorthands set one group and the "
-                            f"spec has {len(groups)}; use --worker-group NAME:count=...,cpus=... for each")
-        data["worker_groups"] = [{**groups[0], **shorthands}]
-    if "label" in given:
-        data["labels"] = {**data.get("labels", {}), **_pairs("--label", given.pop("label"))}
-    for key, value in given.items():
-        *sections, field = SPEC_OPTIONS[key].split(".")  # health.hang_after_seconds -> data["health"][...]
-        target = data
-        for section in sections:
-            target = target.setdefault(section, {})
-        target[field] = False if key in NEGATIONS else str(value) if isinstance(value, Path) else value
-    return data, source
-
-
-def spec_options(func: Callable) -> Callable:
-    """The options that fill a job spec (shared by submit and render)."""
-    options = [
-        click.option("-f", "--file", type=click.Path(path_type=Path, dir_okay=False),
-                     help="YAML job spec; flags override its fields."),
-        click.option("--name", help="Job name (lowercase DNS label) [job]."),
-        click.option("--working-dir", metavar="DIR|URI",
-                     help="Directory uploaded with the job, or a remote zip (https://, s3://, ...)."),
-        click.option("--runtime-env", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
-                     help="Ray runtime env (YAML/JSON, as `ray job submit --runtime-env`: pip, uv, py_modules, "
-                     "excludes, env_vars, working_dir). Each field it gives replaces the spec file's (env_vars merge "
-                     "by name); --working-dir, --pip and --env win over it."),
-        click.option("--runtime-env-json", metavar="JSON", help="The same, inline: '{\"pip\": [\"numpy\"]}'."),
-        click.option("--pip", multiple=True, metavar="REQ", help="pip requirement for the job (repeatable)."),
-        click.option("--env", multiple=True, metavar="KEY=VALUE", help="Environment variable of the job (repeatable)."),
-        click.option("--head-cpus", type=float, help="Head container CPUs on Kubernetes [1]; Ray sees 0 on the head."),
-        click.option("--head-memory", metavar="SIZE", help="Head container memory on Kubernetes [2Gi]."),
-        click.option("--head-resource", multiple=True, metavar="NAME=QTY", help="Custom resource on the head."),
-        click.option("--workers", type=int, help="Number of workers [1]."),
-        click.option("--worker-cpus", type=float, help="CPUs per worker [1]."),
-        click.option("--worker-gpus", type=int, help="GPUs per worker [0]."),
-        click.option("--worker-memory", metavar="SIZE", help="Memory per worker (bytes or 4Gi)."),
-        click.option("--worker-resource", multiple=True, metavar="NAME=QTY", help="Custom resource per worker."),
-        click.option("--worker-group", multiple=True, metavar="NAME:count=N,cpus=C,gpus=G,memory=M,resource.X=Q",
-                     help="A worker group (repeatable), instead of the --workers/--worker-* shorthands."),
-        click.option("--max-retries", type=int, help="New attempts after a failed or unhealthy one [3]."),
-        click.option("--retry-backoff", type=float, metavar="SECONDS", help="Wait before the first retry [10]."),
-        click.option("--retry-backoff-max", type=float, metavar="SECONDS", help="Longest wait between attempts [300]."),
-        click.option("--active-deadline-seconds", type=int, help="Stop the run after this long (exit 4)."),
-        click.option("--pre-running-deadline-seconds", type=int, help="Stop an attempt not RUNNING by then (exit 4)."),
-        click.option("--workspace", help="Workspace label [default]."),
-        click.option("--user", help="User label [login name]."),
-        click.option("--label", multiple=True, metavar="KEY=VALUE", help="Other label (repeatable, bounded)."),
-        click.option("--image", help="Container image on Kubernetes [rayproject/ray:<this Ray>]."),
-        click.option("--run-id", help="Idempotency key: re-running with it follows the run instead of repeating it."),
-        click.option("--backend", type=click.Choice(["local", "existing", "kuberay"]),
-                     help="Where to run [local; existing when --address/--cluster is given, or on submit "
-                     "RAY_API_SERVER_ADDRESS/RAY_ADDRESS]."),
-        click.option("--address", metavar="URL", help="Dashboard URL of an existing Ray cluster (Jobs API) "
-                     "[submit: RAY_API_SERVER_ADDRESS, then RAY_ADDRESS, as `ray job submit`]."),
-        click.option("--cluster", metavar="NAME", help="A kept local cluster (launcher up)."),
-        click.option("--keep-cluster", is_flag=True, help="Leave the local cluster running after the job."),
-        click.option("--record", type=click.Choice(["on", "off"]), help="Keep the run's metrics in its directory "
-                     "for `launcher report` and `launcher export` [on]."),
-        click.option("--record-interval", type=float, metavar="SECONDS", help="Seconds between recorded scrapes [15]."),
-        click.option("--prometheus", metavar="URL", help="Your Prometheus scrapes this run: reports read it and "
-                     "nothing is recorded."),
-        click.option("--simulate-gpus", is_flag=True, help="Local workers' exporters simulate their --worker-gpus."),
-        click.option("--exporter-port", type=int, help="Head exporter port; local node i uses +2i [9477]."),
-        click.option("--progress-port", type=int, help="Head progress endpoint port; local node i uses +2i [9478]."),
-        click.option("--token-path", type=click.Path(path_type=Path), help="Ray auth token file of --address."),
-        click.option("--namespace", help="Kubernetes namespace [default]."),
-        click.option("--queue", help="Kueue LocalQueue (adds kueue.x-k8s.io/queue-name)."),
-        click.option("--exporter-image", help="Exporter sidecar image on Kubernetes [the raypulse exporter image "
-                     "of this version]."),
-        click.option("--exporter-web-config", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
-                     help="TLS and basic auth of the local cluster's exporters (exporter-toolkit web config)."),
-        click.option("--exporter-web-config-secret", metavar="SECRET",
-                     help="Kubernetes Secret with web-config.yml (+ its certificates) for the exporter sidecars."),
-        click.option("--otlp-endpoint", metavar="URL", help="Trace the run to this OTLP/HTTP collector "
-                     "(http://collector:4318) [OTEL_EXPORTER_OTLP_ENDPOINT]."),
-        click.option("--checkpoint-dir", metavar="PATH|URI", help="Where the run's checkpoints go, across attempts "
-                     "(RAYPULSE_CHECKPOINT_DIR) [local: under the run's record]."),
-        click.option("--no-health", is_flag=True, help="Do not watch the run's health (no hang or fault healing)."),
-        click.option("--health-check-interval", type=float, metavar="SECONDS",
-                     help="How often the watcher reads the exporters [10]."),
-        click.option("--hang-after", type=float, metavar="SECONDS",
-                     help="No progress from any rank for this long is a hang [900, as the alert rule]."),
-        click.option("--silence-after", type=float, metavar="SECONDS",
-                     help="A job reporting no progress is hung after this long without output [1800]."),
-        click.option("--on-hang", type=click.Choice(["restart", "stop", "report"]), help="[restart]"),
-        click.option("--on-gpu-fault", type=click.Choice(["restart", "stop", "report"]), help="[restart]"),
-        click.option("--on-node-lost", type=click.Choice(["restart", "stop", "report"]), help="[restart]"),
-        click.option("--on-nonfinite-loss", type=click.Choice(["restart", "stop", "report"]), help="[restart]"),
-        click.option("--no-stacks", is_flag=True, help="Do not take the processes' stacks before acting on a hang."),
-        click.argument("command", nargs=-1, type=click.UNPROCESSED),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
 
 
 def target_options(func: Callable) -> Callable:
@@ -342,17 +103,17 @@ def submit(file: Path | None, no_wait: bool, **options: Any) -> None:
         data, source = spec_data(file, options)
         data, taken = target.from_environment(data)
         spec = build_spec(data, taken.source(source) if taken else source).with_run_id()
+        backend = resolve(spec)
         if no_wait:
-            spec = detach.spec_for_no_wait(spec)
+            spec = detach.spec_for_no_wait(spec, backend)
     except BadInput as exc:
         fail("submit", exc, ExitCode.BAD_INPUT)
-    if spec.resolved_backend == "kuberay":
+    if not backend.followed:
         try:
-            kuberay.apply(spec)
+            note = backend.hand_off()
         except BadInput as exc:
             fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)
-        click.echo(f"launcher: applied RayJob {spec.run_id} in namespace {spec.namespace}; "
-                   f"follow it with `kubectl get rayjob {spec.run_id} -n {spec.namespace} -w`", err=True)
+        click.echo(f"launcher: {note}", err=True)
         if no_wait:
             click.echo(spec.run_id)
         return
@@ -361,8 +122,7 @@ def submit(file: Path | None, no_wait: bool, **options: Any) -> None:
     reporter = reporter_for_terminal()
     if taken is not None:
         reporter.info(taken.note)
-    reporter.info(f"run {spec.run_id} ({spec.resolved_backend}"
-                  + (f", {spec.worker_count} worker(s)" if spec.resolved_backend == "local" else "") + ")")
+    reporter.info(f"run {spec.run_id} ({backend.describe()})")
     try:
         handle = api.submit(spec, reporter=reporter, cancel=cancel, follow_logs=not no_wait, detach=no_wait)
     except BadInput as exc:
@@ -370,7 +130,7 @@ def submit(file: Path | None, no_wait: bool, **options: Any) -> None:
         fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)
     except Cancelled:
         reporter.close()
-        _stop_before_start(spec)
+        _stop_before_start(spec, backend)
         sys.exit(int(ExitCode.STOPPED))
     except InfraError as exc:
         reporter.close()
@@ -385,9 +145,9 @@ def submit(file: Path | None, no_wait: bool, **options: Any) -> None:
     sys.exit(record.exit_code)
 
 
-def _stop_before_start(spec: JobSpec) -> None:
+def _stop_before_start(spec: JobSpec, backend: Backend) -> None:
     """Interrupted while the cluster started: the run ends STOPPED with nothing submitted."""
-    record = load_run(spec.run_id) or RunRecord(run_id=spec.run_id, name=spec.name, backend=spec.resolved_backend)
+    record = load_run(spec.run_id) or RunRecord(run_id=spec.run_id, name=spec.name, backend=backend.name)
     finish_run(Journal(record=record), "STOPPED", "interrupted while the cluster started; nothing was submitted")
     click.echo(f"launcher: run {spec.run_id} STOPPED before its job was submitted (exit 3)", err=True)
 
@@ -444,30 +204,55 @@ def _read(action: str, call: Callable[[], Any]) -> Any:
         sys.exit(int(ExitCode.INFRA_ERROR))
 
 
+RUN_DIR = click.option("--run-dir", type=click.Path(path_type=Path, file_okay=False, exists=True), metavar="DIR",
+                       help="Read a run directory kept elsewhere (copied from another machine) instead of a run id; "
+                       "it is only read.")
+
+
+def _run_or_dir(run_id: str | None, run_dir: Path | None) -> str | Path:
+    """The run a read-side command is about: a run id under $RAYPULSE_HOME, or --run-dir."""
+    if (run_id is None) == (run_dir is None):
+        click.echo("launcher: give a RUN_ID (see `launcher list`) or --run-dir DIR, one of them", err=True)
+        sys.exit(int(ExitCode.BAD_INPUT))
+    return run_dir if run_dir is not None else str(run_id)
+
+
 @main.command(name="report")
-@click.argument("run_id")
+@click.argument("run_id", required=False)
+@RUN_DIR
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
-              help="The HTML file [<the run's directory>/report.html].")
+              help="The HTML file [<the run's directory>/report.html; with --run-dir: <DIR name>-report.html here].")
 @click.option("--prometheus", metavar="URL", help="A Prometheus with raypulse's rules: the alerts that fired (and "
               "the series of a run not recorded) [the run's own --prometheus].")
-def report_command(run_id: str, output: Path | None, prometheus: str | None) -> None:
+def report_command(run_id: str | None, run_dir: Path | None, output: Path | None, prometheus: str | None) -> None:
     """Write a run's report: one HTML file that opens from disk with no network (docs/reports.md)."""
     from launcher import report
 
-    click.echo(str(_read("report", lambda: report.render(run_id, output, prometheus=prometheus))))
+    run = _run_or_dir(run_id, run_dir)
+    if run_dir is not None and output is None:
+        output = Path(f"{run_dir.resolve().name}-report.html")  # a directory kept elsewhere is only read
+    click.echo(str(_read("report", lambda: report.render(run, output, prometheus=prometheus))))
 
 
 @main.command(name="export")
-@click.argument("run_id")
+@click.argument("run_id", required=False)
+@RUN_DIR
 @click.option("--format", "fmt", type=click.Choice(["openmetrics"]), default="openmetrics", show_default=True)
-@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="The file [<run id>.om].")
-def export_command(run_id: str, fmt: str, output: Path | None) -> None:
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+              help="The file [<run id>.om, or <DIR name>.om with --run-dir].")
+def export_command(run_id: str | None, run_dir: Path | None, fmt: str, output: Path | None) -> None:
     """Write a run's recording for your Prometheus: `promtool tsdb create-blocks-from openmetrics FILE DIR`."""
     from launcher import export
 
-    path = output or Path(f"{run_id}.om")
-    samples = _read("export", lambda: export.export_run(run_id, path))
-    click.echo(f"launcher: {samples} samples of run {run_id} in {path}; backfill with `promtool tsdb "
+    run = _run_or_dir(run_id, run_dir)
+    name = run_dir.resolve().name if run_dir is not None else run_id
+    path = output or Path(f"{name}.om")
+    dropped: list[Any] = []
+    samples = _read("export", lambda: export.export_run(run, path, dropped))
+    if dropped:
+        click.echo(f"launcher: left out {len(dropped)} series whose metric or label names are not Prometheus "
+                   "names (a target could forge samples with them)", err=True)
+    click.echo(f"launcher: {samples} samples of run {name} in {path}; backfill with `promtool tsdb "
                f"create-blocks-from openmetrics {path} DATA_DIR`", err=True)
 
 
@@ -559,7 +344,8 @@ def _stack_file(directory: Path, member: str) -> Path | None:
 def list_command(address: str | None, cluster: str | None, token_path: Path | None, output: str) -> None:
     """List runs and local clusters recorded here, or the runs on a cluster."""
     if address or cluster:
-        runs = list(_read("list", lambda: api.runs_on_cluster(api.client_for(address, cluster, token_path))).values())
+        client = _read("list", lambda: client_for(address, cluster, token_path))
+        runs = list(_read("list", lambda: api.runs_on_cluster(client)).values())
         clusters = []
     else:
         runs, clusters = list_runs(), list_clusters()
@@ -582,10 +368,10 @@ def list_command(address: str | None, cluster: str | None, token_path: Path | No
 def up(file: Path | None, **options: Any) -> None:
     """Start a local cluster without a job; submit to it with --cluster NAME, stop it with down."""
     options["command"] = options.get("command") or ("true",)  # a cluster needs no entrypoint
-    options["name"] = options.get("name") or "local"
+    options["name"] = options.get("name") or UP_CLUSTER_NAME
     try:
         spec = spec_from_options(file, options)
-        if spec.resolved_backend != "local":
+        if not isinstance(resolve(spec), LocalBackend):
             raise SpecError("backend: up starts a local cluster; --address/--cluster/--backend do not apply")
     except BadInput as exc:
         fail("cluster.up", exc, ExitCode.BAD_INPUT)
@@ -629,7 +415,7 @@ def down(names: tuple[str, ...], all_clusters: bool) -> None:
 @spec_options
 def render(file: Path | None, **options: Any) -> None:
     """Print the KubeRay manifests of a job: Secret, RayJob (+ exporter sidecars), PodMonitor."""
-    options["backend"] = "kuberay"
+    options["backend"] = KubeRayBackend.name
     try:
         spec = spec_from_options(file, options).with_run_id()
         manifests = kuberay.render(spec)

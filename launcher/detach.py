@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 
+from launcher.backends.base import Backend
+from launcher.backends.registry import resolve
 from launcher.errors import BadInput
 from launcher.jobs import TERMINAL, JobsClient
 from launcher.journal import Journal
@@ -42,16 +44,15 @@ def _supervision_asked(spec: JobSpec) -> str | None:
     return f"health.{asked[0]}" if asked else None
 
 
-def spec_for_no_wait(spec: JobSpec) -> JobSpec:
+def spec_for_no_wait(spec: JobSpec, backend: Backend | None = None) -> JobSpec:
     """The spec of a run submitted with --no-wait, or BadInput saying why it cannot be (nothing has
-    started yet)."""
-    backend = spec.resolved_backend
-    if backend == "kuberay":
-        return spec  # KubeRay supervises it: backoffLimit, activeDeadlineSeconds
-    if backend == "local" and not spec.keep_cluster:
-        raise BadInput("--no-wait: the local cluster this submit starts is torn down when the command returns, and "
-                       "the job with it; add --keep-cluster (stop it later with `launcher down RUN_ID`), or submit to "
-                       "a running cluster (--cluster NAME from `launcher up`, or --address URL)")
+    started yet). `backend`: the spec's, when the caller has resolved it already."""
+    backend = backend or resolve(spec)
+    if not backend.followed:
+        return spec  # its platform supervises it (KubeRay: backoffLimit, activeDeadlineSeconds)
+    refused = backend.no_wait_refusal()
+    if refused:
+        raise BadInput(f"--no-wait: {refused}")
     asked = _supervision_asked(spec)
     if asked is not None:
         raise BadInput(f"--no-wait: {asked} needs the launcher to follow the run, and with --no-wait none does "

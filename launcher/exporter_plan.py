@@ -20,6 +20,7 @@ from pathlib import Path
 import bcrypt
 import yaml
 
+from exporter.config import read_yaml_file
 from exporter.webconfig import load_web_config
 from launcher.state import ExporterAccess, write_private
 
@@ -86,7 +87,7 @@ def prepare_web_config(source: Path, directory: Path) -> ExporterAccess:
     exporters serving it. The user's file was checked with the spec (JobSpec.exporter_web_config);
     raises exporter.config.ConfigError if it changed into something that cannot work since."""
     config = load_web_config(source)  # with its certificate paths resolved against its folder
-    data = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+    data = read_yaml_file(source, "web config file")
     tls = config.tls_server_config
     if tls is not None:
         data["tls_server_config"] = {

@@ -4,22 +4,31 @@ of the next attempt, and the next attempt resumes from the last checkpoint.
 
 No restart loops: every restart counts against max_retries; a node that faults twice is taken out
 for good; a run whose attempts keep failing the same way stops with its own exit code and says why.
+
+The checks run beside the run's follow loop, on a thread of their own (`poll` starts it): the loop
+polls the job's status every quarter second whatever a check costs, and only picks up the fault a
+check decided. A check that takes longer than its interval is a `health.check_slow` event, never a
+lost cluster. `check()` itself is the same check on the caller's thread (tests, one-off looks).
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from exporter import wire
+from exporter.contract import wire
 from launcher.health import stacks
 from launcher.health.exporters import TargetSource
-from launcher.health.faults import Attempt, Fault
+from launcher.health.faults import Attempt, Fault, Progress
 from launcher.health.policy import FaultClass, HealthPolicy
+from launcher.health.remedy import NodeRemedy
 from launcher.health.watcher import Watcher
 from launcher.journal import Journal
 from launcher.raydash import RayDashboard
@@ -27,20 +36,18 @@ from launcher.state import AttemptRecord, RunRecord
 
 LOST_NODE_GRACE_S = 5.0  # after a failed attempt, how long a node's death may take to show
 PUBLISH_TIMEOUT_S = 1.0
+CHECK_TICK_S = 0.1  # how often the checks' thread looks whether one is due
 
 
-class NodeRemedy(Protocol):
-    """How a cluster takes a faulty node out of the next attempt."""
-
-    def dead_nodes(self) -> list[str]: ...
-
-    def take_out(self, node: str, fault: Fault, for_good: bool) -> tuple[str, dict[str, Any]]:
-        """Act; returns the journal event kind (node.replaced, node.drained, node.retired) and its details."""
-        ...
-
-    def before_attempt(self, record: RunRecord) -> None:
-        """Keep denied hosts out before an attempt starts (their nodes may have come back)."""
-        ...
+def steps_lost(last_step: int | None, resumed_from: int | None, first_step: int | None) -> int | None:
+    """The steps a fault cost: the last step made before it less the step the next attempt resumed
+    from, which is the checkpoint step it was given (`resumed_from`), or, when it reported an earlier
+    first step (it started over) or was given none (it resumed by itself), the step before its first.
+    None when neither is known, or no step came before the fault."""
+    if last_step is None:
+        return None
+    resumed = [step for step in (resumed_from, None if first_step is None else first_step - 1) if step is not None]
+    return max(0, last_step - min(resumed)) if resumed else None
 
 
 @dataclass
@@ -67,6 +74,16 @@ class Healing:
         self.pending: Pending | None = None
         self._resume_step: int | None = None  # what the attempt being submitted resumes from
         self._blind_said = False
+        self._check_failed: str | None = None  # the last failed check's error, said once
+        # Beside the follow loop: one check at a time (the loop's thread, or fault_after_failure's caller)
+        self._checking = threading.Lock()
+        self._job: dict[str, Any] | None = None  # Ray's latest view of the job, as the follow loop saw it
+        self._active = False  # the attempt runs: checks are due (the follow loop says so at every poll)
+        self._decided: Fault | None = None  # a fault the checks decided to act on, until the loop takes it
+        self._handover = threading.Lock()  # _decided, between the checks' thread and the loop's
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._slow_said = False
 
     # --- an attempt's life ---------------------------------------------------------------------------
 
@@ -103,6 +120,8 @@ class Healing:
         if self.remedy is not None:
             self.remedy.before_attempt(self.record)
         self.stopped_by = None
+        with self._handover:
+            self._decided = None
         item = self.record.attempt(attempt)
         if item is not None and self._resume_step is not None:
             item.resumed_from_step, self._resume_step = self._resume_step, None
@@ -113,9 +132,81 @@ class Healing:
 
     def check(self, job: dict[str, Any] | None = None) -> Fault | None:
         """A check when due: its news as events; the fault the policy acts on (restart or stop), if any.
-        `job` is Ray's view of the job (job_id, driver_info) for taking stacks."""
+        `job` is Ray's view of the job (job_id, driver_info) for taking stacks. Never raises: a check
+        that fails is a `health.check_failed` event (once per distinct error) and the next one runs."""
         if not self.policy.enabled or not self.watcher.due():
             return None
+        try:
+            with self._checking:
+                fault = self._check(job)
+        except Exception as exc:  # noqa: BLE001 - the watcher must never take the run down with it
+            error = f"{type(exc).__name__}: {exc}"
+            if error != self._check_failed:
+                self._say_check_failed(error)
+            self._check_failed = error
+            return None
+        self._check_failed = None
+        return fault
+
+    # --- beside the follow loop --------------------------------------------------------------------------
+
+    def poll(self, job: dict[str, Any] | None = None) -> Fault | None:
+        """For the run's follow loop, while the attempt runs: Ray's latest view of the job (for stacks),
+        the checks started beside the loop if they are not yet; the fault a check decided, once. Never
+        waits for a check."""
+        if not self.policy.enabled:
+            return None
+        self._job, self._active = job, True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._beside, name="health-checks", daemon=True)
+            self._thread.start()
+        with self._handover:
+            fault, self._decided = self._decided, None
+        return fault
+
+    def pause(self) -> None:
+        """The attempt stopped running (or the loop stopped following it): no more checks until a poll."""
+        self._active = False
+
+    def close(self, timeout: float = 5.0) -> None:
+        """No more checks (the run ended); waits a little for a check in flight."""
+        self._active = False
+        self._closing.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _beside(self) -> None:
+        while not self._closing.is_set():
+            if self._active and self._decided is None and self.stopped_by is None and self.watcher.due():
+                began = time.monotonic()
+                fault = self.check(self._job)
+                self._note_duration(time.monotonic() - began)
+                if fault is not None:
+                    with self._handover:
+                        self._decided, self._active = fault, False
+            self._closing.wait(CHECK_TICK_S)
+
+    def _note_duration(self, seconds: float) -> None:
+        """A check longer than its interval is said (once, until one fits again): the watcher sees the
+        cluster later than the policy asks, and the next check starts right after it."""
+        interval = self.policy.check_interval_seconds
+        if seconds <= interval:
+            self._slow_said = False
+            return
+        if not self._slow_said:
+            self._slow_said = True
+            last = self.watcher.last
+            attempt = self.watcher.attempt.number if self.watcher.attempt else None
+            with contextlib.suppress(Exception):  # a journal that cannot take it must not end the checks
+                self.journal.emit("health.check_slow", attempt=attempt, seconds=round(seconds, 2),
+                                  interval=interval, exporters=len(last.reads) if last else None)
+
+    def _say_check_failed(self, error: str) -> None:
+        attempt = self.watcher.attempt.number if self.watcher.attempt else None
+        with contextlib.suppress(Exception):  # a journal that cannot take it either must not end the run
+            self.journal.emit("health.check_failed", attempt=attempt, error=error)
+
+    def _check(self, job: dict[str, Any] | None) -> Fault | None:
         result = self.watcher.check()
         attempt = self.watcher.attempt
         assert attempt is not None
@@ -148,7 +239,12 @@ class Healing:
             return None
         deadline = time.monotonic() + (LOST_NODE_GRACE_S if self.remedy is not None else 0)
         while True:
-            result = self.watcher.check()
+            try:
+                with self._checking:  # after a check in flight beside the loop, if one is
+                    result = self.watcher.check()
+            except Exception as exc:  # noqa: BLE001 - as in check(): the run goes on without this look
+                self._say_check_failed(f"{type(exc).__name__}: {exc}")
+                return None
             for fault in result.faults:
                 if fault.node_out and self.policy.action(fault.kind) != "report":
                     attempt = self.watcher.attempt.number if self.watcher.attempt else None
@@ -168,9 +264,11 @@ class Healing:
                               directory=None)
             return
         try:
-            processes = stacks.job_processes(self.dashboard, (job or {}).get("job_id"), (job or {}).get("driver"))
+            submission = self.watcher.attempt.submission_id if self.watcher.attempt else None
+            processes = stacks.job_processes(self.dashboard, (job or {}).get("job_id"), (job or {}).get("driver"),
+                                             submission_id=submission, local=self.local_processes)
             evidence = stacks.collect(self.dashboard, processes, directory, local=self.local_processes)
-        except (OSError, ValueError, KeyError) as exc:
+        except Exception as exc:  # noqa: BLE001 - evidence is a courtesy: the fault is acted on all the same
             self.journal.emit("health.stacks", attempt=attempt, summary=f"no stacks: {exc}", directory=None)
             return
         self.journal.emit("health.stacks", attempt=attempt, summary=evidence.summary, directory=evidence.directory,
@@ -228,10 +326,11 @@ class Healing:
 
     # --- progress ------------------------------------------------------------------------------------
 
-    def _note_progress(self, attempt: int, seen: Any) -> None:
+    def _note_progress(self, attempt: int, seen: Progress | None) -> None:
         """Keep the attempt's first and newest step (the effective training time comes from them); the
-        first step of the attempt after a healed fault ends the recovery: the steps between it and the
-        fault's last step were lost."""
+        first step of the attempt after a healed fault ends the recovery. The first step and its time
+        are the job's own (the exporters serve each rank's first step of the attempt), not when a check
+        happened to see progress: a check every 10 s would otherwise add up to 10 s to every recovery."""
         if seen is None or not seen.step:
             return
         item = self.record.attempt(attempt)
@@ -239,22 +338,25 @@ class Healing:
             return
         step = max(seen.step.values())
         newest = max(seen.last_report.values(), default=time.time())
+        started = seen.started
         if item.first_step is None:
-            item.first_step, item.first_step_at = min(seen.step.values()), min(seen.last_report.values(),
-                                                                              default=newest)
+            if started is not None:
+                item.first_step, item.first_step_at = started
+            else:  # an exporter without the first-step families, or an RL loop: the first step seen
+                item.first_step = min(seen.step.values())
+                item.first_step_at = min(seen.last_report.values(), default=newest)
         item.last_step, item.last_progress_at = step, newest
         report: dict[str, Any] = {"effective_training_ratio": self.effective_training_ratio()}
         pending = self.pending
         if pending is not None and pending.fault is not self.stopped_by:
             self.pending = None
-            lost = None
-            if pending.fault.last_step is not None:
-                lost = max(0, pending.fault.last_step - (item.first_step - 1))
             recovery = {"fault": pending.fault.kind.value,
                         "detect_seconds": round(pending.decided_at - pending.fault.at, 1),
                         "recover_seconds": round(max(0.0, item.first_step_at - pending.fault.at), 1),
-                        "steps_lost": lost}
-            self.journal.emit("health.recovered", attempt=attempt, first_step=item.first_step, **recovery)
+                        "steps_lost": steps_lost(pending.fault.last_step, item.resumed_from_step,
+                                                 started[0] if started is not None else None)}
+            self.journal.emit("health.recovered", attempt=attempt, first_step=item.first_step,
+                              resumed_from=item.resumed_from_step, **recovery)
             report.update(recovery)
         self._publish(report)
 
@@ -275,7 +377,7 @@ class Healing:
         try:
             with urllib.request.urlopen(request, timeout=PUBLISH_TIMEOUT_S):
                 pass
-        except OSError:
+        except (OSError, http.client.HTTPException, ValueError):
             pass  # the metrics are a view of the journal, which has it all
 
     def effective_training_ratio(self) -> float | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from exporter import wire
+from exporter.contract import wire
 from launcher.errors import BadInput, InfraError
 from launcher.raydash import RayDashboard
 

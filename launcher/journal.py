@@ -100,6 +100,12 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("health.exporter_unreachable", level="warn", say=lambda d: f"the exporter of {d['node']} does not answer "
          f"({d['error']}); that node is not watched until it does (never a reason to restart)"),
     Kind("health.exporter_back", say=lambda d: f"the exporter of {d['node']} answers again"),
+    Kind("health.check_failed", level="warn", say=lambda d: f"a health check failed ({d['error']}); the next one "
+         "runs as planned (said once until a check works again)"),
+    Kind("health.check_slow", level="warn", say=lambda d: f"a health check took {d['seconds']:g}s, longer than "
+         "its interval" + (f" of {d['interval']:g}s" if d.get("interval") is not None else "")
+         + (f" ({d['exporters']} exporters)" if d.get("exporters") is not None else "")
+         + ": faults are seen later; the run is followed as before (said once until a check fits again)"),
     Kind("health.fault", level="warn", audit="health.fault", result=lambda d: d["action"],
          say=lambda d: f"attempt {d['attempt']}: {d['summary']}; {_ACTIONS[d['action']]}"),
     Kind("health.stacks", say=lambda d: f"stacks of attempt {d['attempt']}: {d['summary']}"
@@ -107,7 +113,9 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("health.recovered", audit="health.recovered", say=lambda d: (
         f"attempt {d['attempt']} recovered from the {d['fault']}: first step {d['first_step']} "
         f"{d['recover_seconds']:g}s after the fault (detected in {d['detect_seconds']:g}s; "
-        f"{d['steps_lost'] if d.get('steps_lost') is not None else 'unknown'} step(s) lost)")),
+        f"{d['steps_lost'] if d.get('steps_lost') is not None else 'unknown'} step(s) lost"
+        + (f", resumed from the checkpoint of step {d['resumed_from']}" if d.get("resumed_from") is not None else "")
+        + ")")),
     Kind("node.replaced", audit="node.replace", say=lambda d: f"{d['node']} replaced by a fresh node in "
                                                               f"{d['seconds']:g}s ({d['reason']})"),
     Kind("node.retired", level="warn", audit="node.retire", say=lambda d: f"{d['node']} faulted twice: retired for "
@@ -120,6 +128,13 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     # the run's recording (launcher/recording.py)
     Kind("recording.started"),
     Kind("recording.stopped"),
+    # a target the recorder could not read (gone, broken, slow): its `up` is 0 for the round; said once
+    # until it answers again, and not shown (an exporter's read trouble is the watcher's news)
+    Kind("recording.target_failed"),
+    Kind("recording.round_failed", level="warn", say=lambda d: f"a recording round failed ({d['error']}); the "
+         "recording goes on with the next one"),
+    Kind("recording.samples_dropped", level="warn", say=lambda d: f"the recording leaves out {d['dropped']} "
+         f"sample(s) whose metric or label name is not a Prometheus name (e.g. {d['example']})"),
     Kind("recording.capped", level="warn", say=lambda d: f"recording stopped early: {d['reason']}; what it "
          f"recorded until then is kept in {d['path']}"),
     Kind("run.placed"),

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from exporter import wire
+from exporter.contract import wire
 from exporter.manifests import DEFAULT_IMAGE, Options, relabelings
 from launcher.errors import BadInput
 from launcher.journal import Journal

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import psutil
 
-from exporter import wire
 from exporter.config import ConfigError
+from exporter.contract import wire
 from launcher.errors import BadInput, InfraError
 from launcher.exporter_plan import ExporterPlan, prepare_web_config
 from launcher.journal import Journal

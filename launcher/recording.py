@@ -12,28 +12,40 @@ before it. Lines:
     {"kind": "series", "id": 7, "family": "raypulse_gpu_xid_errors", "name": "raypulse_gpu_xid_errors_total",
      "labels": {"gpu": "0", "uuid": "GPU-...", "xid": "79", "cluster": ..., "node": ..., "job": ..., "instance": ...}}
     {"kind": "scrape", "t": 1700000015.0, "s": [[7, 1.0], [8, 0.93], ...]}
-    {"kind": "end", "t": ..., "reason": "stopped" | "size cap of 256 MiB reached" | "disk nearly full: ..."}
+    {"kind": "end", "t": ..., "reason": "stopped" | "size cap of 256 MiB reached" | "disk nearly full: ...",
+     "rounds": 40, "dropped": 0}
 
 A series is named once and then referred to by id. Every target also gets Prometheus's synthetic
 `up` series (1 read, 0 not), with the target labels Prometheus would give it (those of /sd plus
 `job` and `instance`), so a backfilled recording selects like live data.
 
 Bounded: the recorder stops (and says so, in the file and to `notify`) before the file passes
-`max_bytes`, or when the disk under the run dir has less than `min_free_bytes` left.
+`max_bytes`, or when the disk under the run dir has less than `min_free_bytes` left. Nothing else ends
+it: a target that cannot be read (gone, slow, broken; read through launcher/health/exporters.py's
+bounded reader) is `up` 0 for the round, and a round that fails is skipped. Only Prometheus names are
+kept: a sample whose metric name or a label name is not one (a quoted UTF-8 name, which could forge
+samples in `launcher export`) is left out and counted (`dropped` in the end line and in `notify`).
+
+Its record has its ends: a round right when an attempt starts (`record_soon`) and when it ends (the
+run calls `record_once`, before the job's processes and exporters go away), and a last one at `stop()`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import json
 import os
+import re
 import shutil
 import threading
 import time
 import zlib
+from array import array
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,8 +53,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from alerts.config import DEFAULT as ALERTS_CONFIG
-from exporter import wire
-from launcher.health.exporters import fetch_metrics, fetch_sd
+from exporter.contract import wire
+from launcher.health import exporters
+from launcher.health.exporters import ReadError, fetch_metrics, fetch_sd
 from launcher.state import FILE_MODE, ExporterAccess, private_dir
 
 FILE_NAME = "metrics.jsonl.gz"
@@ -51,8 +64,11 @@ DEFAULT_INTERVAL_S = 15.0
 DEFAULT_MAX_BYTES = 256 * 2**20
 DEFAULT_MIN_FREE_BYTES = 1 * 2**30  # never take the disk's last GiB
 READ_TIMEOUT_S = 5.0
+ROUND_READS_S = 2 * READ_TIMEOUT_S  # every target's reads of a round, together (within the default interval)
 STOP_WAIT_S = 3 * READ_TIMEOUT_S  # /sd, then the scrapes in parallel
-MAX_PARALLEL = 16
+# Targets read ahead of the one being written: their parsed samples are all the round holds at once
+# (the reads themselves share the launcher's one pool, exporters.MAX_PARALLEL at a time).
+READ_AHEAD = 2 * exporters.MAX_PARALLEL
 
 # What is kept. Whole domains whose series are the run's own (bounded by the exporter per job and
 # rank): training progress per rank, RL iterations and phases, the job's state, attempts and processes,
@@ -79,6 +95,16 @@ ALLOWED_FAMILIES = frozenset({
     "raypulse_exporter_build_info",
 })
 UP = "up"  # Prometheus's own per-target series, as it would record it
+# Prometheus names (the classic ones promtool's OpenMetrics parser takes unquoted); `__*` label names
+# are Prometheus's own (`__name__` would rename a series).
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def valid_names(name: str, labels: Mapping[str, str]) -> bool:
+    """Whether a sample's metric name and label names are Prometheus names we can write back out."""
+    return bool(METRIC_NAME.fullmatch(name)) and all(
+        LABEL_NAME.fullmatch(key) and not key.startswith("__") for key in labels)
 
 
 def allowed(name: str) -> bool:
@@ -104,7 +130,9 @@ def discover(sd_url: str, access: ExporterAccess | None = None, timeout: float =
     that carry their own scrape job (node_exporter beside ours) are not ours: skipped."""
     found = []
     for group in fetch_sd(sd_url, access, timeout):
-        labels = {str(k): str(v) for k, v in (group.get("labels") or {}).items()}
+        # Label names that are not Prometheus names are left out: they would be written into every series.
+        labels = {str(k): str(v) for k, v in (group.get("labels") or {}).items()
+                  if LABEL_NAME.fullmatch(str(k)) and not str(k).startswith("__")}
         if wire.SD_JOB_LABEL in labels:
             continue
         for address in group.get("targets") or []:
@@ -113,20 +141,38 @@ def discover(sd_url: str, access: ExporterAccess | None = None, timeout: float =
     return found
 
 
-def _kept_lines(text: str) -> str:
-    """The exposition cut down to allowed families (their HELP, TYPE and samples) before parsing:
+@functools.cache
+def requested() -> tuple[tuple[str, ...], ...]:
+    """The names a round asks every exporter for, in requests of at most wire.METRICS_MAX_NAMES: every
+    family of the exporter's catalog that is kept (the catalog lists them all: no second list here)."""
+    from exporter.catalog import CATALOG  # the catalog fills as the collector modules are imported
+    from exporter.collector import load_collectors
+
+    load_collectors()
+    names = sorted(spec.name for spec in CATALOG if allowed(spec.name))
+    step = wire.METRICS_MAX_NAMES
+    return tuple(tuple(names[index:index + step]) for index in range(0, len(names), step))
+
+
+def _name_of(line: str) -> str | None:
+    """The metric name a line of the text format is about (HELP, TYPE, or a sample); None for others."""
+    if line.startswith("#"):
+        parts = line.split(" ", 3)
+        return parts[2] if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") else None
+    end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+    return line[:end] if end > 0 else None
+
+
+def _kept_lines(text: str, keep: Callable[[str], bool] = allowed) -> str:
+    """The exposition cut down to the kept families (their HELP, TYPE and samples) before parsing:
     parsing is the recorder's main cost and most of a node's families are not kept."""
-    kept = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            parts = line.split(" ", 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and allowed(parts[2]):
-                kept.append(line)
-        else:
-            end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
-            if end > 0 and allowed(line[:end]):
-                kept.append(line)
-    return "\n".join(kept) + "\n"
+    return "\n".join(line for line in text.splitlines() if (name := _name_of(line)) and keep(name)) + "\n"
+
+
+def _only(text: str, names: frozenset[str]) -> bool:
+    """Whether an answer holds only the families asked for (an exporter that knows `name[]`)."""
+    return all((name := _name_of(line)) is None or name in names or name.endswith("_created")
+               for line in text.splitlines())
 
 
 @dataclass
@@ -139,14 +185,20 @@ class Sample:
     value: float
 
 
-def parse(text: str, target_labels: Mapping[str, str]) -> list[Sample]:
-    """The allowed samples of one exposition, with the target's labels added as Prometheus adds
-    them (an exposed label that a target label also names becomes `exported_<name>`)."""
+def parse(text: str, target_labels: Mapping[str, str], dropped: list[str] | None = None,
+          keep: Callable[[str], bool] = allowed) -> list[Sample]:
+    """The kept samples of one exposition, with the target's labels added as Prometheus adds
+    them (an exposed label that a target label also names becomes `exported_<name>`). A sample whose
+    names are not Prometheus names is left out, and its name (escaped) added to `dropped`."""
     samples = []
-    for family in text_string_to_metric_families(_kept_lines(text)):
+    for family in text_string_to_metric_families(_kept_lines(text, keep)):
         for sample in family.samples:
-            if sample.name.endswith("_created") or not allowed(sample.name):
+            if sample.name.endswith("_created") or not keep(sample.name):
                 continue  # a counter's creation time: not a series of ours
+            if not (valid_names(sample.name, sample.labels) and METRIC_NAME.fullmatch(family.name)):
+                if dropped is not None:
+                    dropped.append(ascii(f"{sample.name}{{{','.join(sample.labels)}}}")[:120])
+                continue
             labels = {(f"exported_{k}" if k in target_labels else k): v for k, v in sample.labels.items()}
             samples.append(Sample(family.name, family.type, family.documentation, sample.name,
                                   {**labels, **target_labels}, float(sample.value)))
@@ -156,6 +208,67 @@ def parse(text: str, target_labels: Mapping[str, str]) -> list[Sample]:
 def scrape(target: ScrapeTarget, access: ExporterAccess | None, timeout: float = READ_TIMEOUT_S) -> str:
     scheme = access.scheme if access else "http"
     return fetch_metrics(f"{scheme}://{target.address}", access, timeout)
+
+
+TargetKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def _key(target: ScrapeTarget) -> TargetKey:
+    """A target as its series are named: its address and its labels (a relabelled target starts over)."""
+    return target.address, tuple(sorted(target.labels.items()))
+
+
+@dataclass
+class _Kept:
+    """A target's answer to one request as the file has it: per sample line, a hash of the line, its
+    series id (-1: left out for its names) and value; and the answer's ETag (an unchanged answer is a
+    304: these values again). A line that comes back unchanged at its place is not parsed again."""
+
+    etag: str | None
+    keys: array
+    ids: array
+    values: array
+
+    @property
+    def dropped(self) -> int:
+        return self.ids.count(-1)
+
+
+@dataclass
+class _Part:
+    """One request's outcome for a target: None for a 304; else per sample line of the answer (`keys`: a
+    hash of each), the position of the same line in the last answer, a new Sample, or None (left out)."""
+
+    path: str
+    etag: str | None
+    keys: list[int] | None = None
+    items: list[int | Sample | None] | None = None
+    dropped: list[str] = field(default_factory=list)
+
+
+def _split(text: str, keep: Callable[[str], bool]) -> tuple[list[str], list[str]]:
+    """An answer's kept lines (HELP, TYPE, samples, in order; a counter's `_created` left out) and, of
+    them, the sample lines: the parser makes one sample of each, in order."""
+    kept, samples = [], []
+    for line in text.splitlines():
+        name = _name_of(line)
+        if name is None or not keep(name) or name.endswith("_created"):
+            continue
+        kept.append(line)
+        if not line.startswith("#"):
+            samples.append(line)
+    return kept, samples
+
+
+def _sample(family: str, kind: str, help: str, name: str, exposed: Mapping[str, str], value: float,
+            target_labels: Mapping[str, str], dropped: list[str]) -> Sample | None:
+    """A parsed sample as recorded (target labels added as Prometheus adds them), or None (and its name
+    in `dropped`) when its names are not Prometheus names."""
+    if not (valid_names(name, exposed) and METRIC_NAME.fullmatch(family)):
+        dropped.append(ascii(f"{name}{{{','.join(exposed)}}}")[:120])
+        return None
+    labels = {(f"exported_{k}" if k in target_labels else k): v for k, v in exposed.items()}
+    return Sample(family, kind, help, name, {**labels, **target_labels}, float(value))
 
 
 # --- writing -------------------------------------------------------------------------------------
@@ -187,15 +300,24 @@ class Recorder:
         self.meta = dict(meta or {})
         self.rounds = 0
         self.samples = 0
+        self.dropped = 0  # samples left out for names that are not Prometheus names
         self.ended: str | None = None  # why it stopped, once it has
-        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+        # A series' id by a hash of its name and labels (a 64-bit hash: a collision among a run's few
+        # hundred thousand series is about 1e-9 likely; keeping the label tuples took most of the memory).
+        self._series: dict[int, int] = {}
+        self._known: dict[TargetKey, dict[str, _Kept]] = {}  # by target, by request path: its last answer
+        # A sample name's family, type and help, as the last whole parse that had it said (a changed line
+        # is parsed alone, without its family's HELP and TYPE lines).
+        self._family_of: dict[str, tuple[str, str, str]] = {}
         self._families: set[str] = set()
         self._targets: list[ScrapeTarget] = []
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a round now (record_soon), or the stop
+        self._failing: dict[str, str] = {}  # targets that could not be read, by address: why (said once)
+        self._round_failed: str | None = None  # the last failed round's error (said once)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # the file and `ended`
         self._round = threading.Lock()  # one round at a time (the loop's, or a caller's record_once)
-        self._pool = ThreadPoolExecutor(max_workers=MAX_PARALLEL, thread_name_prefix="recorder-scrape")
         self._size = 0
 
     # -- life --
@@ -214,11 +336,19 @@ class Recorder:
         return self
 
     def stop(self) -> None:
+        """A last round (the run's final values: its last up-to-`interval` seconds would be missing
+        otherwise), then the file's end."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(STOP_WAIT_S)  # a round in flight ends within its read timeouts
+            self._guarded_round()
         self._end("stopped")
-        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def record_soon(self) -> None:
+        """A round on the recorder's own thread, now rather than at the next interval (an attempt
+        started); returns at once."""
+        self._wake.set()
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -236,14 +366,26 @@ class Recorder:
     def _loop(self) -> None:
         next_at = time.monotonic()
         while not self._stop.is_set():
-            try:
-                self.record_once()
-            except Exception as exc:  # noqa: BLE001 - the recorder never takes the run down
-                self._end(f"recorder failed: {type(exc).__name__}: {exc}")
+            self._guarded_round()
             if self.ended:
                 return
             next_at = max(next_at + self.interval, time.monotonic())  # a slow round is not caught up on
-            self._stop.wait(max(0.0, next_at - time.monotonic()))
+            if self._wake.wait(max(0.0, next_at - time.monotonic())):
+                self._wake.clear()
+                next_at = time.monotonic()  # the interval counts from a round asked for
+
+    def _guarded_round(self) -> None:
+        """A round that cannot end the recording: only the bounds and stop() do. A round that fails is
+        said once (until one works again) and skipped."""
+        try:
+            self.record_once()
+        except Exception as exc:  # noqa: BLE001 - the recorder never takes the run, or itself, down
+            error = f"{type(exc).__name__}: {exc}"
+            if error != self._round_failed:
+                self._say("recording.round_failed", error=error)
+            self._round_failed = error
+            return
+        self._round_failed = None
 
     def record_once(self) -> None:
         """One round: discover, scrape every target, append what is kept."""
@@ -260,44 +402,184 @@ class Recorder:
         if not self._targets:
             return  # no exporter known yet: nothing to write
         at = time.time()
-        reads = list(self._pool.map(self._read, self._targets))
-        lines: list[dict[str, Any]] = []
-        values: list[list[float]] = []
-        for target, samples in zip(self._targets, reads, strict=True):
-            up = Sample(UP, "gauge", "1 if the target answered its scrape, else 0 (as Prometheus records it)", UP,
-                        dict(target.labels), 0.0 if samples is None else 1.0)
-            for sample in [up, *(samples or [])]:
-                values.append([self._series_id(sample, lines), sample.value])
-        lines.append({"kind": "scrape", "t": round(at, 3), "s": values})
-        if self._append(lines):
+        targets = list(self._targets)
+        listed = {_key(target) for target in targets}
+        for key in [key for key in self._known if key not in listed]:  # gone from /sd (or relabelled)
+            del self._known[key]
+        deadline = time.monotonic() + ROUND_READS_S
+        # Streamed: each target's samples become ids and values in the round's text as its read comes
+        # back, READ_AHEAD targets in flight; the round never holds every node's parsed samples.
+        lines = _Member()  # the round's new family and series lines, compressed as they come
+        parts: list[str] = []
+        dropped: list[str] = []
+        count = dropped_count = 0
+        window: deque[tuple[ScrapeTarget, Future[tuple[list[_Part] | None, str | None]]]] = deque()
+        pending = iter(targets)
+        while True:
+            for target in pending:
+                window.append((target, exporters.pool().submit(self._read, target, deadline)))
+                if len(window) >= READ_AHEAD:
+                    break
+            if not window:
+                break
+            done, future = window.popleft()
+            written, left_out, examples = self._take(done, *future.result(), lines, parts)
+            count, dropped_count, dropped = count + written, dropped_count + left_out, dropped or examples
+        lines.text('{"kind":"scrape","t":' + json.dumps(round(at, 3)) + ',"s":[')
+        for index, part in enumerate(parts):
+            lines.text(part if index == 0 else "," + part)
+        lines.text("]}\n")
+        if self._write(lines.close()):
             self.rounds += 1
-            self.samples += len(values)
+            self.samples += count
+            if dropped_count and not self.dropped:
+                self._say("recording.samples_dropped", dropped=dropped_count,
+                          example=dropped[0] if dropped else "(as the last round)")
+            self.dropped += dropped_count
 
-    def _read(self, target: ScrapeTarget) -> list[Sample] | None:
-        try:
-            return parse(scrape(target, self.access), target.labels)
-        except (OSError, ValueError, EOFError):  # gone, refused, timed out, a broken body: up=0
-            return None
+    def _read(self, target: ScrapeTarget, deadline: float) -> tuple[list[_Part] | None, str | None]:
+        """A target's kept families, in requests of at most wire.METRICS_MAX_NAMES names each, each If-None-Match
+        its last ETag; or why there are none (gone, refused, slow, a broken or unparsable body: its `up` is 0
+        for the round). An exporter that does not know `name[]` answers with everything: kept as before
+        (cut down here), and from then on read whole, once a round."""
+        scheme = self.access.scheme if self.access else "http"
+        base = f"{scheme}://{target.address}"
+        known = self._known.get(_key(target), {})
+        plan: list[tuple[str, frozenset[str] | None]] = [(wire.METRICS_PATH, None)] if wire.METRICS_PATH in known \
+            else [(wire.metrics_path(names), frozenset(names)) for names in requested()]
+        out = []
+        for path, names in plan:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, f"not read within the round's {ROUND_READS_S:g}s"
+            last = known.get(path)
+            try:
+                answer = exporters.get_if_changed(base + path, self.access, min(READ_TIMEOUT_S, left),
+                                                  last.etag if last else None, accept_gzip=True)
+            except ReadError as exc:
+                return None, str(exc)
+            if answer.body is None:
+                out.append(_Part(path, answer.etag))
+                continue
+            try:
+                text = answer.body.decode(errors="replace")
+                if names is not None and not _only(text, names):
+                    return [self._part(wire.METRICS_PATH, answer.etag, text, target, allowed,
+                                       known.get(wire.METRICS_PATH))], None
+                keep = names.__contains__ if names is not None else allowed
+                out.append(self._part(path, answer.etag, text, target, keep, last))
+            except Exception as exc:  # noqa: BLE001 - prometheus_client's parser raises more than ValueError on garbage
+                return None, f"an exposition that does not parse ({type(exc).__name__}: {str(exc)[:200]})"
+        return out, None
 
-    def _series_id(self, sample: Sample, lines: list[dict[str, Any]]) -> int:
-        key = (sample.name, tuple(sorted(sample.labels.items())))
+    def _part(self, path: str, etag: str | None, text: str, target: ScrapeTarget, keep: Callable[[str], bool],
+              last: _Kept | None) -> _Part:
+        """An answer's samples, parsing only the lines not in the last answer when every family they
+        belong to is known (a training node's answer differs in a few lines; the parser is the cost)."""
+        kept, lines = _split(text, keep)
+        keys = [hash(line) for line in lines]  # 64-bit: two lines of one target colliding is ~1e-15 likely
+        dropped: list[str] = []
+        if last is not None:
+            # Where the exporter serves the same series in the same order (it does), an unchanged line is
+            # at its place; a line that moved is parsed again (correct, only slower).
+            before = last.keys
+            items: list[int | Sample | None] = [
+                position if position < len(before) and before[position] == key else None
+                for position, key in enumerate(keys)]
+            fresh = [line for line, item in zip(lines, items, strict=True) if item is None]
+            parsed = [sample for family in text_string_to_metric_families("\n".join(fresh) + "\n")
+                      for sample in family.samples] if fresh else []
+            if len(parsed) == len(fresh) and all(sample.name in self._family_of for sample in parsed):
+                samples = iter(parsed)
+                for position, item in enumerate(items):
+                    if item is None:
+                        sample = next(samples)
+                        items[position] = _sample(*self._family_of[sample.name], sample.name, sample.labels,
+                                                  sample.value, target.labels, dropped)
+                return _Part(path, etag, keys, items, dropped)
+        # The whole answer, with its HELP and TYPE lines: every family's name, type and help learnt.
+        whole = [(family, sample) for family in text_string_to_metric_families("\n".join(kept) + "\n")
+                 for sample in family.samples]
+        if len(whole) != len(lines):
+            raise ValueError(f"{len(whole)} samples of {len(lines)} sample lines")
+        items = []
+        for family, sample in whole:
+            self._family_of[sample.name] = (family.name, family.type, family.documentation)
+            items.append(_sample(family.name, family.type, family.documentation, sample.name, sample.labels,
+                                 sample.value, target.labels, dropped))
+        return _Part(path, etag, keys, items, dropped)
+
+    def _take(self, target: ScrapeTarget, answer: list[_Part] | None, error: str | None,
+              lines: _Member, parts: list[str]) -> tuple[int, int, list[str]]:
+        """A target's read into the round: its `up`, then the values of every request (a 304's are the last
+        ones). Returns the samples written, those left out for their names, and an example of one."""
+        self._note_target(target, error)
+        up = Sample(UP, "gauge", "1 if the target answered its scrape, else 0 (as Prometheus records it)", UP,
+                    dict(target.labels), 0.0 if answer is None else 1.0)
+        pairs: list[Any] = [(self._series_id(up, lines), up.value)]
+        left_out, examples = 0, []
+        if answer is None:
+            self._known.pop(_key(target), None)
+        else:
+            if wire.METRICS_PATH not in self._known.get(_key(target), {}) and \
+                    any(part.path == wire.METRICS_PATH for part in answer):  # read whole from now on
+                self._known[_key(target)] = {}
+            kept = self._known.setdefault(_key(target), {})
+            for part in answer:
+                entry = kept.get(part.path)
+                if part.items is not None and part.keys is not None:
+                    ids, values = array("q"), array("d")
+                    for item in part.items:
+                        if isinstance(item, int):  # the same line as last time
+                            assert entry is not None
+                            ids.append(entry.ids[item])
+                            values.append(entry.values[item])
+                        elif item is None:  # left out for its names
+                            ids.append(-1)
+                            values.append(0.0)
+                        else:
+                            ids.append(self._series_id(item, lines))
+                            values.append(item.value)
+                    entry = kept[part.path] = _Kept(part.etag, array("q", part.keys), ids, values)
+                    examples += part.dropped[:1]
+                if entry is not None:
+                    pairs.extend((ident, value) for ident, value in zip(entry.ids, entry.values, strict=True)
+                                 if ident >= 0)
+                    left_out += entry.dropped
+        parts.append(json.dumps(pairs, separators=(",", ":"))[1:-1])
+        return len(pairs), left_out, examples
+
+    def _note_target(self, target: ScrapeTarget, error: str | None) -> None:
+        """A target that stops answering is said once (and nothing while it stays so)."""
+        if error is None:
+            self._failing.pop(target.address, None)
+        elif target.address not in self._failing:
+            self._failing[target.address] = error
+            self._say("recording.target_failed", target=target.address, node=target.labels.get("node"), error=error)
+
+    def _series_id(self, sample: Sample, lines: _Member) -> int:
+        key = hash((sample.name, tuple(sorted(sample.labels.items()))))
         found = self._series.get(key)
         if found is not None:
             return found
         if sample.family not in self._families:
             self._families.add(sample.family)
-            lines.append({"kind": "family", "name": sample.family, "type": sample.type, "help": sample.help})
+            lines.line({"kind": "family", "name": sample.family, "type": sample.type, "help": sample.help})
         found = self._series[key] = len(self._series)
-        lines.append({"kind": "series", "id": found, "family": sample.family, "name": sample.name,
-                      "labels": sample.labels})
+        lines.line({"kind": "series", "id": found, "family": sample.family, "name": sample.name,
+                    "labels": sample.labels})
         return found
 
     # -- the file --
 
     def _append(self, lines: list[dict[str, Any]]) -> bool:
-        """One gzip member, written whole or not at all (a round that would pass a bound is not)."""
-        member = gzip.compress("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode(),
-                               compresslevel=6, mtime=0)
+        """One gzip member of `lines`, written whole or not at all (a round that would pass a bound is not)."""
+        member = _Member()
+        for line in lines:
+            member.line(line)
+        return self._write(member.close())
+
+    def _write(self, member: bytes) -> bool:
         with self._lock:
             if self.ended:
                 return False
@@ -328,15 +610,47 @@ class Recorder:
             return
         self.ended = reason
         self._stop.set()
-        line = {"kind": "end", "t": round(time.time(), 3), "reason": reason, "rounds": self.rounds}
+        line = {"kind": "end", "t": round(time.time(), 3), "reason": reason, "rounds": self.rounds,
+                "dropped": self.dropped}
         member = gzip.compress((json.dumps(line) + "\n").encode(), mtime=0)
         with contextlib.suppress(OSError):  # a full disk: the reader sees a recording without its end
             if self.path.exists() or self._size:
                 _append_private(self.path, member)
                 self._size += len(member)
         details = {"reason": reason, "path": str(self.path), "bytes": self._size, "rounds": self.rounds,
-                   "samples": self.samples}
+                   "samples": self.samples, "dropped": self.dropped}
         self._say("recording.stopped" if reason == "stopped" else "recording.capped", **details)
+
+
+class _Member:
+    """One gzip member, compressed as its lines come: a round's text (a first round names every series)
+    is never held whole, only its compressed bytes."""
+
+    BATCH_CHARS = 1 << 16
+
+    def __init__(self) -> None:
+        self._compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # gzip framing
+        self._pending: list[str] = []
+        self._pending_chars = 0
+        self._out: list[bytes] = []
+
+    def line(self, line: dict[str, Any]) -> None:
+        self.text(json.dumps(line, separators=(",", ":")) + "\n")
+
+    def text(self, text: str) -> None:
+        self._pending.append(text)
+        self._pending_chars += len(text)
+        if self._pending_chars >= self.BATCH_CHARS:
+            self._feed()
+
+    def _feed(self) -> None:
+        self._out.append(self._compressor.compress("".join(self._pending).encode()))
+        self._pending, self._pending_chars = [], 0
+
+    def close(self) -> bytes:
+        self._feed()
+        self._out.append(self._compressor.flush())
+        return b"".join(self._out)
 
 
 def _append_private(path: Path, data: bytes) -> None:

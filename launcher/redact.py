@@ -3,13 +3,20 @@ credential, used by the audit log, the run record (run.json), the display and `l
 
 What is hidden (the value becomes `<redacted>`, the name stays, so a reader still sees what was set):
 - every environment variable value: the job's runtime env, and `NAME=value` prefixes of a command
-  (`HF_TOKEN=x python train.py`, `export NAME=value`, `env NAME=value ...`);
+  (`HF_TOKEN=x python train.py`, `export NAME=value`, `env NAME=value ...`), also inside the script
+  of `bash -c '...'` (any shell's `-c`);
 - the value of a flag or `key=value` whose name says credential (`--password x`, `--api-key=x`,
-  `token=x` in a query string, `WANDB_API_KEY=x` anywhere);
+  `--wandb-key x`, `--bearer x`, `token=x` in a query string, `WANDB_API_KEY=x` anywhere), of a
+  quoted key (`os.environ['HF_TOKEN']='x'`, `"api_key": "x"`), of `set NAME x` (`aws configure set
+  aws_secret_access_key x`) and of a header (`-H "Authorization: Bearer x"`, `Bearer x` anywhere);
+- the passwords of a few well-known clients given as a short option (`mysql -px`, `redis-cli -a x`,
+  `sshpass -p x`);
 - the password in a URL (`https://user:<redacted>@host`), and the user of an http(s) URL without one
   (`https://<redacted>@github.com`, where tokens travel).
 
-It errs on hiding: a flag named like a secret loses its value even when that is a file name.
+It errs on hiding: a flag named like a secret loses its value even when that is a file name. It is
+still best effort (a command line can spell a secret in endless ways): secrets belong in the job's
+environment variables, whose values are always hidden.
 """
 
 from __future__ import annotations
@@ -25,7 +32,13 @@ REDACTED = "<redacted>"
 _WORDS = frozenset({
     "password", "passwd", "pass", "passphrase", "pw", "secret", "secrets", "token", "tokens", "apikey",
     "credential", "credentials", "creds", "auth", "authorization", "cookie", "signature", "sig", "privatekey",
+    "bearer",
 })
+# `<something>-key` is a credential (`--wandb-key`, `--openai-key`) unless the word before says what
+# kind of key that is not: a sort key, a primary key, a public key.
+_NOT_SECRET_KEYS = frozenset({"sort", "primary", "foreign", "partition", "group", "cache", "dict", "map", "hash",
+                              "shard", "public", "pub", "row", "column", "index", "label", "join", "lookup",
+                              "handle", "routing", "idempotency", "unique", "composite", "seed", "by"})
 _WHERE = frozenset({"path", "file", "dir", "mode", "type", "length", "len", "id", "ids"})
 _PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("client", "secret"),
                     ("session", "key"), ("account", "key"), ("sas", "key")})
@@ -40,6 +53,22 @@ _ASSIGNMENT = re.compile(rf"(?P<head>(?<![\w.-])(?P<name>[A-Za-z_][\w.-]*)=)(?P<
 _SHELL_TOKEN = re.compile(rf"""\s+|&&|\|\||[;&|(){{}}\n`]|(?:{_QUOTED}|\\.|[^\s;&|(){{}}`'"\\])+|.""")
 _ENV_NAME = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=")
 _PREFIX_WORDS = frozenset({"export", "env", "sudo", "nohup", "exec", "time", "command", "then", "do", "else"})
+# `-H "Authorization: Bearer x"`, `--header=X-Api-Key:x`: a header inside a quoted or -H/--header argument.
+_HEADER = re.compile(r"""(?P<head>(?<=["'])(?P<name>[A-Za-z][\w-]*):[ \t]*)(?P<secret>[^"'\n]*[^"'\s])"""
+                     r"""|(?P<head2>(?:(?<=-H )|(?<=--header[= ]))(?P<name2>[A-Za-z][\w-]*):)"""
+                     r"""(?P<secret2>(?:\\.|[^\s"'])+)""")
+_BEARER = re.compile(r"""(?P<head>(?<![\w-])Bearer(?:\\?[ \t])+)(?P<secret>[^\s"'<>\\]+)""")
+# A quoted key given a value: `os.environ['HF_TOKEN'] = 'x'`, `{"api_key": "x"}`.
+_QUOTED_KEY = re.compile(rf"""(?P<head>(?P<q>['"])(?P<name>[A-Za-z_][\w.-]*)(?P=q)\s*(?:\]\s*=|:)\s*)"""
+                         rf"""(?P<secret>{_VALUE})""")
+# `aws configure set aws_secret_access_key x`, `npm config set _authToken x`.
+_SET = re.compile(rf"(?P<head>(?<![\w-])set\s+(?P<name>[A-Za-z_][\w.-]*)\s+)(?P<secret>{_VALUE})")
+_SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "ash"})
+_SHELL_SCRIPT_FLAG = re.compile(r"-[A-Za-z]*c")  # `bash -c`, `sh -lc`, `bash -ec`
+# Clients whose password is a short option: program -> (option, whether it is glued: `-px`).
+_PASSWORD_OPTIONS = {"mysql": ("-p", True), "mysqldump": ("-p", True), "mysqladmin": ("-p", True),
+                     "mariadb": ("-p", True), "mariadb-dump": ("-p", True), "redis-cli": ("-a", False),
+                     "sshpass": ("-p", False)}
 
 
 def sensitive(name: str) -> bool:
@@ -47,6 +76,8 @@ def sensitive(name: str) -> bool:
     words = [word.lower() for word in re.split(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])", name.strip("-")) if word]
     if words and words[-1] in _WHERE:
         return False  # `token_path`, `--password-file`: where a secret is, not the secret
+    if len(words) >= 2 and words[-1] in ("key", "keys") and words[-2] not in _NOT_SECRET_KEYS:
+        return True
     return any(word in _WORDS for word in words) or any(pair in _PAIRS for pair in itertools.pairwise(words))
 
 
@@ -60,10 +91,21 @@ def _hide_when_sensitive(match: re.Match[str]) -> str:
     return match.group("head") + REDACTED
 
 
+def _hide_header(match: re.Match[str]) -> str:
+    if match.group("head") is not None:  # inside quotes: the value runs to the closing quote
+        return _hide_when_sensitive(match)
+    name, head = match.group("name2"), match.group("head2")  # one shell word: -H Name:value
+    return head + REDACTED if sensitive(name) else match.group(0)
+
+
 def text(value: str) -> str:
     """A free-form line (a message, an error, a URL) with credential-looking values hidden."""
     value = _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:{REDACTED}@", value)
     value = _URL_USER.sub(lambda m: f"{m.group('head')}{REDACTED}@", value)
+    value = _HEADER.sub(_hide_header, value)
+    value = _BEARER.sub(lambda m: m.group("head") + REDACTED, value)
+    value = _QUOTED_KEY.sub(_hide_when_sensitive, value)
+    value = _SET.sub(_hide_when_sensitive, value)
     value = _FLAG.sub(_hide_when_sensitive, value)
     return _ASSIGNMENT.sub(_hide_when_sensitive, value)
 
@@ -71,19 +113,42 @@ def text(value: str) -> str:
 def command(line: str) -> str:
     """A shell command line (an entrypoint) with every `NAME=value` environment prefix's value hidden,
     as well as what text() hides."""
-    out, at_start = [], True
+    out: list[str] = []
+    words: list[str] = []  # the current simple command's words so far (not its NAME=value prefixes)
+    at_start = True
     for token in _SHELL_TOKEN.findall(line):
         if token.isspace() and token != "\n":
             out.append(token)
             continue
         if token in ("&&", "||", "\n") or token in ";&|(){}`":
-            at_start = True
+            at_start, words = True, []
         elif at_start and (match := _ENV_NAME.match(token)):
             token = f"{match.group('name')}={REDACTED}"
-        elif token not in _PREFIX_WORDS:
-            at_start = False
+        else:
+            if token not in _PREFIX_WORDS:
+                at_start = False
+            shown = _argument(words, token)
+            words.append(token)
+            token = shown
         out.append(token)
     return text("".join(out))
+
+
+def _argument(words: list[str], token: str) -> str:
+    """One word of a command, hidden by what came before it: a shell's `-c` script (redacted as a
+    command of its own), a known client's password option."""
+    programs = {word.rsplit("/", 1)[-1] for word in words}
+    previous = words[-1] if words else ""
+    if (programs & _SHELLS and _SHELL_SCRIPT_FLAG.fullmatch(previous) and len(token) >= 2
+            and token[0] in "'\"" and token[-1] == token[0]):
+        return token[0] + command(token[1:-1]) + token[-1]
+    for program in programs & _PASSWORD_OPTIONS.keys():
+        option, glued = _PASSWORD_OPTIONS[program]
+        if glued and token.startswith(option) and len(token) > len(option):
+            return option + REDACTED
+        if not glued and previous == option and not token.startswith("-"):
+            return REDACTED
+    return token
 
 
 def env(variables: Mapping[str, Any]) -> dict[str, str]:

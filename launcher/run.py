@@ -11,7 +11,11 @@ display in step.
 With a health policy (launcher/healing.py) the run is watched while it runs: a hang, a GPU fault, a
 lost node or a non-finite loss stops the attempt, and the next one starts on a healthy node from
 the last checkpoint; every restart counts against max_retries, and a run that keeps failing the
-same way stops (REPEATED_FAILURE) instead of spending its retries.
+same way stops (REPEATED_FAILURE) instead of spending its retries. The checks run on a thread of their
+own: the follow loop only picks up a decided fault, so a slow check never delays the status poll.
+
+With a recorder (launcher/recording.py), the run's record has each attempt's ends: a round as an
+attempt starts, and one as it ends (or before it is stopped), while its exporters still serve it.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from exporter import wire
+from exporter.contract import wire
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
 from launcher.jobs import TERMINAL, ClusterLost, JobsClient
@@ -37,6 +41,19 @@ POLL_S = 0.25
 LOST_AFTER_S = 30.0  # the Jobs API failing this long means the cluster is gone
 STOP_WAIT_S = 20.0  # Ray sends SIGTERM, then SIGKILL after its own timeout
 EXPORTERS_AFTER_S = 5.0  # an attempt still pending this long gets its on_running call anyway
+
+
+class Rounds(Protocol):
+    """What the run asks of its recording (launcher.recording.Recorder): a round when an attempt starts,
+    and one when it ends, while its processes and exporters still serve its last values."""
+
+    def record_soon(self) -> None:
+        """A round now, on the recorder's own thread (returns at once)."""
+        ...
+
+    def record_once(self) -> None:
+        """A round now, on the caller's thread (bounded by the recorder's read deadline)."""
+        ...
 
 
 def submission_id(run_id: str, attempt: int) -> str:
@@ -87,8 +104,18 @@ def attempt_identity(ray_token: str | None, sid: str) -> dict[str, str]:
     return env
 
 
-def backoff_seconds(spec: JobSpec, failed_attempt: int) -> float:
-    return min(spec.retry_backoff_seconds * 2 ** (failed_attempt - 1), spec.retry_backoff_max_seconds)
+def backoff_seconds(spec: JobSpec, failures_in_a_row: int) -> float:
+    return min(spec.retry_backoff_seconds * 2 ** (failures_in_a_row - 1), spec.retry_backoff_max_seconds)
+
+
+def failures_in_a_row(before: int, ended: AttemptRecord | None) -> int:
+    """Attempts ended in a row without progress, counting the one that just ended. One that made
+    progress (a step past the checkpoint it resumed from) starts the count again, so a week-long run
+    healed of a fault now and then waits the first backoff each time, not the longest (as Kubernetes
+    resets CrashLoopBackOff after a container ran well); a job that reports no progress keeps doubling."""
+    made_progress = ended is not None and ended.last_step is not None and \
+        ended.last_step > (ended.resumed_from_step if ended.resumed_from_step is not None else -1)
+    return 1 if made_progress else before + 1
 
 
 def update_attempt(record: RunRecord, attempt: int, details: Any) -> AttemptRecord:
@@ -158,7 +185,7 @@ class Run:
 
     def __init__(self, spec: JobSpec, client: JobsClient, journal: Journal, cancel: threading.Event,
                  follow_logs: bool = True, on_running: Callable[[], None] | None = None,
-                 healing: Healing | None = None) -> None:
+                 healing: Healing | None = None, recorder: Rounds | None = None) -> None:
         assert journal.record is not None
         self.spec = spec
         self.client = client
@@ -171,8 +198,10 @@ class Run:
         # the local backend starts its exporters then, off the path to a running job.
         self._on_running = on_running
         self.healing = healing
+        self.recorder = recorder  # the run's recording: a round as each attempt starts and ends
         self.current = 0
         self._attempt_started = self.record.created_at
+        self._failures_in_a_row = 0  # the backoff doubles with these (failures_in_a_row)
 
     # --- submission ----------------------------------------------------------------------------
 
@@ -248,7 +277,8 @@ class Run:
             else:
                 reason = attempt.message if outcome == "FAILED" and attempt is not None else None
                 return self._finish(outcome, reason)
-            delay = backoff_seconds(self.spec, self.current)
+            self._failures_in_a_row = failures_in_a_row(self._failures_in_a_row, attempt)
+            delay = backoff_seconds(self.spec, self._failures_in_a_row)
             self.journal.emit("retry.scheduled", attempt=self.current, delay=delay,
                               cause=fault.kind.value if fault is not None else "failed")
             interrupted = self._sleep(delay)
@@ -297,7 +327,12 @@ class Run:
         SUCCEEDED, FAILED, STOPPED or DEADLINE_EXCEEDED."""
         sid = submission_id(self.record.run_id, attempt)
         tail = _LogTail(self.client, sid, self.reporter.log) if self.follow_logs else None
-        ending, status = self._watch(attempt, sid)
+        try:
+            ending, status = self._watch(attempt, sid)
+        finally:
+            if self.healing is not None:
+                self.healing.pause()  # the attempt is no longer followed: no checks of it
+        self._record(now=True)  # the attempt's last values, before a node is replaced or the cluster goes
         printed = tail.close() if tail is not None else 0
         self._save_log(attempt, sid, printed)
         final = self.record.attempt(attempt)
@@ -317,6 +352,7 @@ class Run:
             if ending is None:
                 ending = self._reason_to_stop(status)
                 if ending is not None:
+                    self._record(now=False)  # while the job's processes still run (not delaying the stop)
                     self._stop_attempt(attempt, sid, ending)
                     stop_sent_at = time.monotonic()
             try:
@@ -331,9 +367,10 @@ class Run:
                 if status in TERMINAL:
                     return ending, status
                 if ending is None and self.healing is not None and status == "RUNNING":
-                    fault = self.healing.check(job_view(details))
+                    fault = self.healing.poll(job_view(details))  # the checks run beside; never waits for one
                     if fault is not None:
                         ending = "UNHEALTHY"
+                        self._record(now=False)  # the faulty attempt as it stood (not delaying the stop)
                         self._stop_attempt(attempt, sid, ending)
                         stop_sent_at = time.monotonic()
             if ending is not None and time.monotonic() - stop_sent_at > STOP_WAIT_S:
@@ -347,14 +384,29 @@ class Run:
         """Take in what Ray says of the attempt; returns its status."""
         record = update_attempt(self.record, attempt, details)
         status = details.status.value
-        if status == "RUNNING" and record.running_at is None:
+        started = status == "RUNNING" and record.running_at is None
+        if started:
             self.journal.emit("attempt.running", attempt=attempt, submission_id=record.submission_id)
             if self.healing is not None:
                 self.healing.running(time.time())
         if self._on_running and (status != "PENDING" or followed_for > EXPORTERS_AFTER_S):
             self._on_running()
             self._on_running = None
+        if started:
+            self._record(now=False)  # the attempt's start in the run's record (after its exporters start)
         return status
+
+    def _record(self, now: bool) -> None:
+        """A round of the run's recording: on this thread (`now`), or soon on the recorder's own."""
+        if self.recorder is None:
+            return
+        try:
+            if now:
+                self.recorder.record_once()
+            else:
+                self.recorder.record_soon()
+        except Exception as exc:  # noqa: BLE001 - the record is a courtesy; it never ends the run
+            self.reporter.warn(f"a recording round failed: {type(exc).__name__}: {exc}")
 
     def _stop_attempt(self, attempt: int, sid: str, ending: str) -> None:
         why = {"STOPPED": "stop requested", "DEADLINE_EXCEEDED": self.record.reason,
@@ -395,6 +447,8 @@ class Run:
     def _finish(self, state: str, reason: str | None) -> RunRecord:
         # A deadline's reason was set when it passed (which one, how long).
         ratio = self.healing.effective_training_ratio() if self.healing is not None else None
+        if self.healing is not None:
+            self.healing.close()
         return finish_run(self.journal, state, self.record.reason if state == "DEADLINE_EXCEEDED" else reason,
                           effective_training_ratio=ratio)
 

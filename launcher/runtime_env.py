@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import (
     BeforeValidator,
     ConfigDict,
@@ -27,7 +26,8 @@ from pydantic import (
     model_serializer,
 )
 
-from exporter.strict import Strict
+from exporter.config import YamlFileError, read_yaml_file
+from exporter.contract.strict import Strict
 from launcher.errors import BadInput
 
 # Ray's remote package protocols (ray._common.runtime_env_uri) plus gcs://, where Ray's client
@@ -215,15 +215,17 @@ def mapping(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
+RAY_FIELDS = "Ray's fields (pip, uv, py_modules, excludes, env_vars, working_dir)"
+
+
 def from_file(path: Path) -> dict[str, Any]:
     """`--runtime-env FILE`: a Ray runtime env in YAML (or JSON, which YAML reads too)."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise BadInput(f"--runtime-env: cannot read {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise BadInput(f"--runtime-env: {path} is not valid YAML or JSON: {exc}") from None
-    return _mapping(data, f"--runtime-env: {path}")
+        return read_yaml_file(path, "--runtime-env", holds=RAY_FIELDS)
+    except YamlFileError as exc:
+        if exc.unreadable:
+            raise BadInput(f"--runtime-env: cannot read {path}: {exc.unreadable}") from None
+        raise BadInput(f"--runtime-env: {path}: {exc.problem}") from None
 
 
 def from_json(text: str) -> dict[str, Any]:
@@ -237,6 +239,5 @@ def from_json(text: str) -> dict[str, Any]:
 
 def _mapping(data: Any, source: str) -> dict[str, Any]:
     if not isinstance(data, dict):
-        raise BadInput(f"{source}: a runtime env is a mapping of Ray's fields (pip, uv, py_modules, excludes, "
-                       "env_vars, working_dir)")
+        raise BadInput(f"{source}: a runtime env is a mapping of {RAY_FIELDS}")
     return data

@@ -1,7 +1,7 @@
 """The job spec: what to run, on what cluster, with which retries and deadlines.
 
 One pydantic model is the single description of a job. `launcher submit -f job.yaml` loads it from
-YAML, the command-line options fill the same fields (cli.SPEC_OPTIONS maps each option to its field),
+YAML, the command-line options fill the same fields (flags.SPEC_OPTIONS maps each option to its field),
 and every backend reads only this model. Validation errors name the field (`worker_groups[0].cpus`).
 """
 
@@ -14,7 +14,6 @@ import secrets
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BeforeValidator,
     ConfigDict,
@@ -24,10 +23,11 @@ from pydantic import (
     model_validator,
 )
 
-from exporter import strict, wire
-from exporter.config import ConfigError
-from exporter.strict import Strict
+from exporter.config import ConfigError, read_yaml_file
+from exporter.contract import strict, wire
+from exporter.contract.strict import Strict
 from exporter.webconfig import load_web_config
+from launcher.backends import kinds
 from launcher.entrypoint import EntrypointError, validate_entrypoint
 from launcher.errors import BadInput
 from launcher.health.policy import HealthPolicy
@@ -293,26 +293,15 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _backend_fields(self) -> JobSpec:
-        backend = self.resolved_backend
-        only = {"address": ("existing",), "cluster": ("existing",), "token_path": ("existing",),
-                "keep_cluster": ("local", "kuberay"), "simulate_gpus": ("local",), "queue": ("kuberay",),
-                "exporter_image": ("kuberay",), "otlp_endpoint": ("local", "existing"),
-                "checkpoint_dir": ("local", "existing"), "exporter_web_config": ("local",),
-                "exporter_web_config_secret": ("kuberay",)}
-        for field, backends in only.items():
-            if getattr(self, field) not in (None, False) and backend not in backends:
-                raise ValueError(f"{field}: applies to backend {' or '.join(backends)} only; this job's backend "
-                                 f"is {backend}" + _WEB_CONFIG_ELSEWHERE.get(field, ""))
-        self._check_health(backend)
-        self._check_web_config()
         if self.address and self.cluster:
             raise ValueError("address: give either address or cluster, not both")
-        if backend == "existing" and not (self.address or self.cluster):
-            raise ValueError("address: backend 'existing' needs address (a dashboard URL) or cluster (a kept one)")
+        refused = kinds.refusal(self)
+        if refused:
+            raise ValueError(refused)
+        self._check_health()
+        self._check_web_config()
         if self.simulate_gpus and not any(group.gpus and group.count for group in self.worker_groups):
             raise ValueError("simulate_gpus: no worker has GPUs to simulate; set worker_groups[].gpus (--worker-gpus)")
-        if self.queue and self.keep_cluster:
-            raise ValueError("queue: Kueue admits a RayJob only when its cluster shuts down after the job")
         if self.address and not re.match(r"^https?://[^/\s]+/?$", self.address):
             raise ValueError(f"address: {self.address!r} is not a dashboard URL like http://head:8265")
         uploads = self.runtime_env.local_paths() + ([self.working_dir] if self.working_dir and not
@@ -341,11 +330,8 @@ class JobSpec(_Strict):
                              "(the launcher then reads with the password it adds for itself), or turn the watcher "
                              "off (--no-health)")
 
-    def _check_health(self, backend: Backend) -> None:
+    def _check_health(self) -> None:
         """A health policy that cannot work is refused before anything starts."""
-        if self.health.model_fields_set and backend == "kuberay":
-            raise ValueError("health: the launcher's watcher follows local and existing clusters; on KubeRay, "
-                             "backoffLimit (max_retries) restarts failed jobs (see docs/healing.md)")
         if not self.health.enabled:
             return
         problem = self.health.threshold_problem()
@@ -358,12 +344,6 @@ class JobSpec(_Strict):
         if self.checkpoint_dir and "://" not in self.checkpoint_dir and not self.checkpoint_dir.startswith("/"):
             raise ValueError(f"checkpoint_dir: {self.checkpoint_dir!r} must be an absolute path every node can "
                              "reach, or a URI (s3://, gs://, ...)")
-
-    @property
-    def resolved_backend(self) -> Backend:
-        if self.backend is not None:
-            return self.backend
-        return "existing" if self.address or self.cluster else "local"
 
     @property
     def max_attempts(self) -> int:
@@ -379,12 +359,6 @@ class JobSpec(_Strict):
             return self
         return self.model_copy(update={"run_id": f"{self.name}-{secrets.token_hex(4)}"})
 
-
-_WEB_CONFIG_ELSEWHERE = {
-    "exporter_web_config": " (KubeRay: exporter_web_config_secret names a Secret holding it; existing clusters: "
-                           "`launcher exporters deploy --web-config FILE`)",
-    "exporter_web_config_secret": " (local clusters: exporter_web_config is the file itself)",
-}
 
 UNKNOWN_FIELD = "unknown field (check the spelling; see README's launcher section for the fields)"
 
@@ -412,11 +386,6 @@ def build_spec(data: dict[str, Any], source: str = "job spec") -> JobSpec:
 def load_spec_file(path: Path) -> dict[str, Any]:
     """The mapping in a YAML job spec file (validated later, together with command-line options)."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the job spec: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"{path}: a job spec is a YAML mapping of fields (name, entrypoint, ...)")
-    return data
+        return read_yaml_file(path, "job spec", holds="fields (name, entrypoint, ...)")
+    except ConfigError as exc:
+        raise SpecError(str(exc)) from None

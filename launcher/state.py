@@ -10,6 +10,8 @@
                                     the launcher reaches those exporters (access.json, its password, their cert)
     audit.log                       JSON lines, one per action (launcher/audit.py)
 
+A run id or cluster name is a directory name here and nothing else: checked with the rule `submit`
+uses (spec.py), and its directory, links resolved, stays under $RAYPULSE_HOME (run_dir, cluster_dir).
 Records are written whole and atomically (temp file + rename), so a reader never sees half of one.
 Everything here is private to the user: files 0600, directories 0700 (write_private, private_dir),
 and a file or directory an older launcher left looser is tightened when it is next written. Secrets
@@ -31,17 +33,21 @@ import stat
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_serializer
 
-from exporter import wire
+from exporter.contract import wire
 from launcher import redact
+from launcher.errors import BadInput
+from launcher.spec import MAX_RUN_ID, _dns_label
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+Loaded = TypeVar("Loaded")
 
 
 def home() -> Path:
@@ -67,15 +73,21 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def _temp_beside(path: Path, mode: int) -> tuple[Path, int]:
+    """A new temp file next to `path`, opened for writing without following a link (O_EXCL: a file
+    or link planted under its name is removed first, never written through)."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        temp.unlink()
+    return temp, os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
 def write_private(path: Path, text: str | bytes, mode: int = FILE_MODE) -> None:
     """Write a whole file atomically (temp file + rename) with `mode` (0600: this user only), in a
     private directory. The temp file is opened without following a link and replaced if it exists, so
     nothing another user planted is written through."""
     private_dir(path.parent)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        temp.unlink()
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    temp, fd = _temp_beside(path, mode)
     try:
         os.fchmod(fd, mode)  # whatever the umask
         with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as handle:
@@ -84,6 +96,45 @@ def write_private(path: Path, text: str | bytes, mode: int = FILE_MODE) -> None:
         temp.unlink(missing_ok=True)
         raise
     os.replace(temp, path)
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[TextIO]:
+    """A text file for a path the user named (`-o FILE`): written to a temp file beside it, with the
+    user's umask, and renamed over `path` when the block ends without an error. A link at `path`
+    is replaced, not written through."""
+    temp, fd = _temp_beside(path, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            yield handle
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    os.replace(temp, path)
+
+
+def _named_dir(kind: str, name: str, field: str) -> Path:
+    """$RAYPULSE_HOME/<kind>/<name> for a run id or cluster name as `submit` accepts them (so never
+    `..` or a `/`), that stays under $RAYPULSE_HOME once links are resolved. BadInput otherwise:
+    these names come from the command line and from records other programs could have written."""
+    try:
+        _dns_label(name, MAX_RUN_ID)
+    except ValueError as exc:
+        raise BadInput(f"{field}: {exc}") from None
+    path = home() / kind / name
+    root, resolved = home().resolve(), path.resolve()
+    if not resolved.is_relative_to(root):
+        raise BadInput(f"{field}: {path} leads to {resolved}, outside {root}; a {field.replace('_', ' ')} names "
+                       f"a directory under {root / kind} only")
+    return path
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        _dns_label(name, MAX_RUN_ID)
+    except ValueError:
+        return False
+    return True
 
 
 class ProcessRef(BaseModel):
@@ -163,10 +214,14 @@ class ClusterRecord(BaseModel):
 
 
 def cluster_dir(name: str) -> Path:
-    return home() / "clusters" / name
+    """The local cluster's directory; BadInput for a name `launcher up` would not take."""
+    return _named_dir("clusters", name, "cluster")
 
 
 def load_cluster(name: str) -> ClusterRecord | None:
+    """The cluster's record; None when there is none, or when `name` cannot be a cluster's."""
+    if not _valid_name(name):
+        return None
     try:
         return ClusterRecord.model_validate_json((cluster_dir(name) / "cluster.json").read_text())
     except FileNotFoundError:
@@ -175,8 +230,16 @@ def load_cluster(name: str) -> ClusterRecord | None:
 
 def list_clusters() -> list[ClusterRecord]:
     root = home() / "clusters"
-    records = [load_cluster(path.name) for path in sorted(root.iterdir())] if root.is_dir() else []
+    records = [_listed(load_cluster, path.name) for path in sorted(root.iterdir())] if root.is_dir() else []
     return [record for record in records if record is not None]
+
+
+def _listed(load: Callable[[str], Loaded | None], name: str) -> Loaded | None:
+    """A record for a listing: one whose directory leads out of $RAYPULSE_HOME is left out."""
+    try:
+        return load(name)
+    except BadInput:
+        return None
 
 
 def write_token(name: str, token: str) -> Path:
@@ -286,10 +349,15 @@ class RunRecord(BaseModel):
 
 
 def run_dir(run_id: str) -> Path:
-    return home() / "runs" / run_id
+    """The run's directory; BadInput for an id `submit` would not take (`../x`, `a/b`)."""
+    return _named_dir("runs", run_id, "run_id")
 
 
 def load_run(run_id: str) -> RunRecord | None:
+    """The run's record; None when there is none, or when `run_id` cannot be a run's (an id from a
+    cluster's job metadata, say). BadInput when its directory is a link out of $RAYPULSE_HOME."""
+    if not _valid_name(run_id):
+        return None
     try:
         return RunRecord.model_validate_json((run_dir(run_id) / "run.json").read_text())
     except FileNotFoundError:
@@ -298,7 +366,7 @@ def load_run(run_id: str) -> RunRecord | None:
 
 def list_runs() -> list[RunRecord]:
     root = home() / "runs"
-    records = [load_run(path.name) for path in root.iterdir()] if root.is_dir() else []
+    records = [_listed(load_run, path.name) for path in root.iterdir()] if root.is_dir() else []
     return sorted((record for record in records if record is not None), key=lambda record: -record.created_at)
 
 

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter import wire
+from exporter.contract import wire
+from launcher.backends import kinds
 from launcher.jobs import ADDRESS_VARIABLES
 from launcher.spec import JobSpec, SpecError, build_spec
 
@@ -61,7 +62,7 @@ def from_environment(data: dict[str, Any], environ: Mapping[str, str] = os.envir
                                                                                              Taken | None]:
     """A spec's fields with the address of the environment when they name no target (no address, no
     cluster, no backend but `existing`), and what was taken (None: nothing)."""
-    if data.get("address") or data.get("cluster") or data.get("backend") not in (None, "existing"):
+    if data.get("address") or data.get("cluster") or not kinds.takes(data.get("backend"), "address"):
         return data, None
     found = environment_address(environ)
     if found is None:

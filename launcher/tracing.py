@@ -22,6 +22,8 @@ from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from exporter import __version__
+from exporter import redact as exporter_redact
+from exporter.config import signal_url
 from launcher import redact
 
 SERVICE_NAME = "raypulse-launcher"
@@ -38,12 +40,11 @@ def traces_url(endpoint: str | None, environ: Mapping[str, str]) -> str | None:
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
     if endpoint:
-        base = endpoint.rstrip("/")
-        return base if base.endswith(TRACES_PATH) else base + TRACES_PATH
+        return signal_url(endpoint, TRACES_PATH)
     if environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         return environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
     if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        return environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + TRACES_PATH
+        return signal_url(environ["OTEL_EXPORTER_OTLP_ENDPOINT"], TRACES_PATH)
     return None
 
 
@@ -193,6 +194,7 @@ def _sdk_provider(url: str) -> tuple[Any, Any]:
     quiet = logging.getLogger(OTLPSpanExporter.__module__)
     quiet.propagate = False
     quiet.addHandler(logging.NullHandler())
+    exporter_redact.guard_loggers()  # and whatever still prints (the SDK's own lines) hides the URL's credentials
     exporter = CountingExporter(OTLPSpanExporter(endpoint=url, timeout=EXPORT_TIMEOUT_S))
     processor = BatchSpanProcessor(exporter, export_timeout_millis=EXPORT_TIMEOUT_S * 1000)
     # OTEL_RESOURCE_ATTRIBUTES is merged by Resource.create; no exit hook (finish() flushes, bounded).

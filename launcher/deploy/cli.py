@@ -11,8 +11,8 @@ from pathlib import Path
 import click
 
 from alerts import prometheus
-from exporter import wire
 from exporter.config import ConfigError
+from exporter.contract import wire
 from launcher.deploy import remote
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode

@@ -36,8 +36,8 @@ from typing import Any
 import yaml
 
 import exporter
-from exporter import wire
-from exporter.config import ConfigError
+from exporter.config import ConfigError, read_yaml_file
+from exporter.contract import wire
 from exporter.webconfig import load_web_config
 from launcher.deploy import raypulse_agent
 from launcher.deploy.raypulse_agent import WEB_CONFIG_FILE, WEB_DIR
@@ -98,7 +98,7 @@ def web_config_bundle(path: Path) -> WebBundle:
     """Check the user's web config and bundle it with its certificates; with basic auth, add the
     launcher's own user. Raises ConfigError (naming the file) for one that cannot work."""
     config = load_web_config(path)
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    data = read_yaml_file(path, "web config file")
     files: dict[str, str] = {}
     tls = config.tls_server_config
     if tls is not None:
@@ -184,8 +184,26 @@ def state_list(client: JobsClient, resource: str, filters: Sequence[Filter] = ()
         raise InfraError(f"the Ray State API ({resource}) failed: {exc}") from None
 
 
+def deploy_runs(client: JobsClient) -> list[str]:
+    """Ray job ids of the `launcher exporters deploy` runs (their metadata says so)."""
+    try:
+        jobs = client.dashboard.get_json("/api/jobs/")
+    except (OSError, ValueError) as exc:  # DashboardHttpError is an OSError
+        raise InfraError(f"the Ray Jobs API failed: {exc}") from None
+    return [str(job["job_id"]) for job in jobs if isinstance(job, dict) and job.get("job_id")
+            and (job.get("metadata") or {}).get(wire.META_TOOL) == "exporters"
+            and (job.get("metadata") or {}).get(wire.META_TOOL_ACTION) == "deploy"]
+
+
 def deployed_actors(client: JobsClient) -> list[dict[str, Any]]:
-    return state_list(client, "actors", [("ray_namespace", "=", wire.DEPLOY_NAMESPACE), ("state", "=", "ALIVE")])
+    """The alive actors of wire.DEPLOY_NAMESPACE, found by the job of the deploy run that made them: the GCS
+    filters by job and state itself, while a namespace filter is applied only to the 10,000 actors it
+    returns (exporter/collectors/ray/sd.py), so they are found whatever else runs."""
+    found = []
+    for job_id in deploy_runs(client):
+        rows = state_list(client, "actors", [("job_id", "=", job_id), ("state", "=", "ALIVE")])
+        found += [row for row in rows if row.get("ray_namespace") == wire.DEPLOY_NAMESPACE]
+    return found
 
 
 def _get(url: str, access: ExporterAccess | None, timeout: float) -> tuple[int, str]:

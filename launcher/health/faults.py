@@ -10,6 +10,7 @@ action the driver asks for take the node out too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,10 +105,32 @@ class Progress:
     step: dict[int, int]
     nonfinite_loss: dict[int, float]
     checkpoint_step: int | None
+    # Per rank, the first step of the attempt and when the job made it, as the job reported them
+    # (exporters older than these families serve neither).
+    first_step: dict[int, int] = field(default_factory=dict)
+    first_report: dict[int, float] = field(default_factory=dict)
 
     @property
     def newest_step(self) -> int | None:
         return max(self.step.values(), default=None)
+
+    @property
+    def started(self) -> tuple[int, float] | None:
+        """The attempt's first step over every rank and when it was made, as the job reported it."""
+        made = [(self.first_report[rank], step) for rank, step in self.first_step.items() if rank in self.first_report]
+        if not made:
+            return None
+        return min(step for _, step in made), min(at for at, _ in made)
+
+
+def _whole(text: str | float | None) -> int | None:
+    """A label or a value as a whole number; None for what is not one (an exporter is foreign input:
+    a rank "x" or a step NaN is left out, never an exception in the watcher)."""
+    try:
+        number = float(text) if text is not None else math.nan
+    except ValueError:
+        return None
+    return int(number) if math.isfinite(number) else None
 
 
 def progress(reads: Iterable[NodeRead], submission_id: str) -> Progress:
@@ -116,26 +139,39 @@ def progress(reads: Iterable[NodeRead], submission_id: str) -> Progress:
     iterations: dict[int, int] = {}
     nonfinite: dict[int, float] = {}
     checkpoint: int | None = None
+    first_step: dict[int, int] = {}
+    first_report: dict[int, float] = {}
     for read in reads:
         # A training step and an RL iteration (a loop that reports only progress.report_iteration) are
         # both progress.
         for name in ("raypulse_train_last_progress_time_seconds", "raypulse_rl_last_iteration_time_seconds"):
             for sample in read.select(name, submission_id=submission_id):
-                rank = int(sample.labels.get("rank", "0"))
-                last[rank] = max(last.get(rank, 0.0), sample.value)
-        for sample in read.select("raypulse_train_step", submission_id=submission_id):
-            rank = int(sample.labels.get("rank", "0"))
-            steps[rank] = max(steps.get(rank, 0), int(sample.value))
-        for sample in read.select("raypulse_rl_iteration", submission_id=submission_id):
-            rank = int(sample.labels.get("rank", "0"))
-            iterations[rank] = max(iterations.get(rank, 0), int(sample.value))
+                rank = _whole(sample.labels.get("rank", "0"))
+                if rank is not None and math.isfinite(sample.value):
+                    last[rank] = max(last.get(rank, 0.0), sample.value)
+        for name, into in (("raypulse_train_step", steps), ("raypulse_rl_iteration", iterations)):
+            for sample in read.select(name, submission_id=submission_id):
+                rank, value = _whole(sample.labels.get("rank", "0")), _whole(sample.value)
+                if rank is not None and value is not None:
+                    into[rank] = max(into.get(rank, 0), value)
+        for sample in read.select("raypulse_train_first_step", submission_id=submission_id):
+            rank, value = _whole(sample.labels.get("rank", "0")), _whole(sample.value)
+            if rank is not None and value is not None:
+                first_step[rank] = min(first_step.get(rank, value), value)
+        for sample in read.select("raypulse_train_first_progress_time_seconds", submission_id=submission_id):
+            rank = _whole(sample.labels.get("rank", "0"))
+            if rank is not None and math.isfinite(sample.value):
+                first_report[rank] = min(first_report.get(rank, sample.value), sample.value)
         for sample in read.select("raypulse_train_nonfinite_values_total", submission_id=submission_id, field="loss"):
-            rank = int(sample.labels.get("rank", "0"))
-            nonfinite[rank] = nonfinite.get(rank, 0.0) + sample.value
+            rank = _whole(sample.labels.get("rank", "0"))
+            if rank is not None and math.isfinite(sample.value):
+                nonfinite[rank] = nonfinite.get(rank, 0.0) + sample.value
         for sample in read.select("raypulse_train_checkpoint_step", submission_id=submission_id):
-            checkpoint = max(checkpoint or 0, int(sample.value))
+            value = _whole(sample.value)
+            if value is not None:
+                checkpoint = max(checkpoint or 0, value)
     # A rank that reports RL iterations but no training steps: its iteration is its step.
-    return Progress(last, {**iterations, **steps}, nonfinite, checkpoint)
+    return Progress(last, {**iterations, **steps}, nonfinite, checkpoint, first_step, first_report)
 
 
 def last_output(reads: Iterable[NodeRead], submission_id: str) -> float | None:
@@ -199,8 +235,8 @@ def _gpu_faults(read: NodeRead, attempt: Attempt, baseline: Baseline, now: float
                             node_out, step, {**where, **evidence}))
 
     for sample in read.select("raypulse_gpu_xid_last_timestamp_seconds"):
-        xid, gpu = int(sample.labels.get("xid", "0")), sample.labels.get("gpu", "?")
-        if sample.value >= attempt.started_at and xid not in XID_NOT_A_FAULT and \
+        xid, gpu = _whole(sample.labels.get("xid", "0")), sample.labels.get("gpu", "?")
+        if xid is not None and sample.value >= attempt.started_at and xid not in XID_NOT_A_FAULT and \
                 (xid in XID_NODE_OUT or xid in XID_RESTART_IN_PLACE):
             fault(f"XID {xid} on GPU {gpu}", f"xid{xid}:{gpu}:{sample.value:.0f}", sample.value,
                   node_out=xid in XID_NODE_OUT, xid=xid, gpu=gpu, uuid=sample.labels.get("uuid", ""))
@@ -213,7 +249,7 @@ def _gpu_faults(read: NodeRead, attempt: Attempt, baseline: Baseline, now: float
             fault(f"row remapping failed on GPU {sample.labels.get('gpu', '?')}",
                   f"remap:{sample.labels.get('uuid', '')}", now, gpu=sample.labels.get("gpu", "?"))
     for sample in read.select("raypulse_gpu_recovery_action"):
-        action = int(sample.value)
+        action = _whole(sample.value)
         if action in RECOVERY_ACTIONS:
             fault(f"the driver asks for a {RECOVERY_ACTIONS[action]} of GPU {sample.labels.get('gpu', '?')}",
                   f"recovery:{sample.labels.get('uuid', '')}:{action}", now, recovery_action=action)

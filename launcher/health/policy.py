@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import Field
 
 from alerts.config import DEFAULT as ALERTS
-from exporter import wire
-from exporter.strict import Strict
+from exporter.contract import wire
+from exporter.contract.strict import Strict
 
 Action = Literal["restart", "stop", "report"]
 

@@ -1,7 +1,14 @@
-"""Evidence before acting on a hang: the Python stack of every process of the job (driver, actors,
-Ray Train workers), taken in parallel through Ray's own dashboard (its py-spy traceback endpoint,
-`/worker/traceback`), saved with the run and grouped: in a hung collective most ranks wait in the
-same frame, and the few elsewhere are the suspects.
+"""Evidence before acting on a hang: the Python stack of every process of the job (the entrypoint's
+process tree, the driver, actors, Ray Train workers), taken in parallel through Ray's own dashboard
+(its py-spy traceback endpoint, `/worker/traceback`), saved with the run and grouped: in a hung
+collective most ranks wait in the same frame, and the few elsewhere are the suspects.
+
+The entrypoint's tree matters for the most common hang: a job that never calls `ray.init()` (a plain
+script, or `torchrun --nproc_per_node=N train.py` whose ranks are children of the entrypoint) has no
+driver, actor or task in Ray's view. Its processes are the descendants of the job's supervisor actor
+on the head: on this machine they are listed and dumped one by one; on a remote cluster the
+supervisor is dumped with its subprocesses (py-spy's `--subprocesses`, which stops at the first
+descendant that is not Python: what it could not reach is said).
 
 Recent Ray answers 403 there unless RAY_DASHBOARD_ENABLE_PROFILING=1 on the head (the launcher sets
 it on the clusters it starts); what could not be taken is said, never guessed.
@@ -20,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from launcher.raydash import DashboardHttpError, RayDashboard
 from launcher.state import private_dir, write_private
 
@@ -27,6 +36,8 @@ TRACEBACK_PATH = "/worker/traceback"
 TIMEOUT_S = 30.0  # py-spy attaches to each process; a busy node answers in seconds
 MAX_PROCESSES = 256  # a bound on the evidence of one hang (the suspects show in any sample)
 _FRAME = re.compile(r"^\s{4}(\S.*?) \((.+?):(\d+)\)\s*$")
+_PROCESS_HEADER = re.compile(r"^Process (\d+): (.*)$", re.MULTILINE)  # py-spy's line before each process's stacks
+SUPERVISOR_NAME = "_ray_internal_job_actor_{}"  # Ray's JobSupervisor actor of a submission (job/common.py)
 
 
 @dataclass(frozen=True)
@@ -34,7 +45,8 @@ class Process:
     pid: int
     node_id: str
     ip: str
-    role: str  # driver, actor <class>, task <name>
+    role: str  # driver, actor <class>, task <name>, entrypoint <program>
+    tree: bool = False  # the job's supervisor: what is wanted is its descendants (py-spy --subprocesses)
 
 
 @dataclass
@@ -84,13 +96,26 @@ class Evidence:
         return text
 
 
-def job_processes(dashboard: RayDashboard, job_id: str | None, driver: dict[str, Any] | None) -> list[Process]:
-    """The job's processes: its driver, its alive actors and the workers running its tasks (State API,
-    filtered by job: a bounded ask, made only when a hang is found)."""
+def job_processes(dashboard: RayDashboard, job_id: str | None, driver: dict[str, Any] | None,
+                  submission_id: str | None = None, local: bool = False) -> list[Process]:
+    """The job's processes: its driver, the entrypoint's process tree, its alive actors and the workers
+    running its tasks (State API, filtered by job: a bounded ask, made only when a hang is found).
+    `local`: the cluster runs on this machine, where the entrypoint's tree is listed process by process."""
     found: dict[int, Process] = {}
     if driver and driver.get("pid"):
         found[int(driver["pid"])] = Process(int(driver["pid"]), "", str(driver.get("node_ip_address") or ""),
                                             "driver")
+    if submission_id:
+        for row in dashboard.state_list("actors", [("name", "=", SUPERVISOR_NAME.format(submission_id)),
+                                                   ("state", "=", "ALIVE")]):
+            pid, node_id = int(row.get("pid") or 0), str(row.get("node_id") or "")
+            if not pid:
+                continue
+            if not local:
+                found.setdefault(pid, Process(pid, node_id, "", "entrypoint tree", tree=True))
+                continue
+            for child in entrypoint_tree(pid):
+                found.setdefault(child.pid, Process(child.pid, node_id, "", f"entrypoint {child.role}"))
     if job_id:
         for row in dashboard.state_list("actors", [("job_id", "=", job_id), ("state", "=", "ALIVE")]):
             pid = int(row.get("pid") or 0)
@@ -105,17 +130,71 @@ def job_processes(dashboard: RayDashboard, job_id: str | None, driver: dict[str,
     return list(found.values())[:MAX_PROCESSES]
 
 
-def take(dashboard: RayDashboard, process: Process) -> Stack:
-    query = {"pid": str(process.pid), "native": "0"}
+@dataclass(frozen=True)
+class Program:
+    pid: int
+    role: str  # the program's name
+
+
+def program_name(argv: list[str]) -> str:
+    """What a Python command line runs: `train.py`, `-m torch.distributed.run`, `-c`."""
+    args = argv[1:]
+    for index, arg in enumerate(args):
+        if arg == "-m" and index + 1 < len(args):
+            return f"-m {args[index + 1]}"
+        if arg == "-c" or not arg.startswith("-"):
+            return Path(arg).name
+    return Path(argv[0]).name if argv else "?"
+
+
+def entrypoint_tree(supervisor: int) -> list[Program]:
+    """The Python processes below a job's supervisor on this machine (the entrypoint, and torchrun's or a
+    launcher script's children): a shell or another program in between has no Python stack to take."""
+    try:
+        children = psutil.Process(supervisor).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for child in children:
+        try:
+            if Path(child.exe()).name.startswith("python"):
+                found.append(Program(child.pid, program_name(child.cmdline())))
+        except (psutil.Error, OSError):
+            continue  # gone, or not ours to read
+    return found
+
+
+def take(dashboard: RayDashboard, process: Process) -> list[Stack]:
+    query = {"pid": str(process.pid), "native": "0", "subprocesses": "1" if process.tree else "0"}
     query.update({"node_id": process.node_id} if process.node_id else {"ip": process.ip})
     status, body = dashboard.get(f"{TRACEBACK_PATH}?{urllib.parse.urlencode(query)}", timeout=TIMEOUT_S)
     text = body.decode(errors="replace")
     if status != 200:
         if status == 403:
-            return Stack(process, error="the dashboard refuses stack dumps (RAY_DASHBOARD_ENABLE_PROFILING=1 is not "
-                                        "set on the head)")
-        return Stack(process, error=f"HTTP {status}: {text[:200]}")
-    return Stack(process, text=text)
+            return [Stack(process, error="the dashboard refuses stack dumps (RAY_DASHBOARD_ENABLE_PROFILING=1 is "
+                                         "not set on the head)")]
+        return [Stack(process, error=f"HTTP {status}: {text[:200]}")]
+    return split_tree(process, text) if process.tree else [Stack(process, text=text)]
+
+
+def split_tree(supervisor: Process, text: str) -> list[Stack]:
+    """py-spy's dump of a supervisor and its subprocesses as one stack per descendant; where py-spy
+    stopped (a descendant that is not Python), one stack that says so."""
+    headers = list(_PROCESS_HEADER.finditer(text))
+    stacks = []
+    for header, following in zip(headers, [*headers[1:], None], strict=True):
+        pid = int(header[1])
+        if pid == supervisor.pid:
+            continue  # the supervisor only waits for the entrypoint
+        body = text[header.start():following.start() if following else len(text)]
+        role = program_name(header[2].split())
+        stacks.append(Stack(Process(pid, supervisor.node_id, supervisor.ip, f"entrypoint {role}"),
+                            text=body.split("\nError:", 1)[0]))
+    stopped = text.find("\nError:")
+    if stopped >= 0 or not headers:
+        reason = text[stopped + 1:].splitlines()[0] if stopped >= 0 else text.strip()[:200]
+        stacks.append(Stack(supervisor, error=f"py-spy could not follow every subprocess: {reason}"))
+    return stacks
 
 
 def take_here(process: Process) -> Stack:
@@ -139,12 +218,12 @@ def collect(dashboard: RayDashboard, processes: list[Process], directory: Path, 
     if not processes:
         return Evidence(0, 0, error="the job has no alive process to take a stack of")
 
-    def one(process: Process) -> Stack:
-        stack = _safe_take(dashboard, process)
-        return take_here(process) if stack.text is None and local else stack
+    def one(process: Process) -> list[Stack]:
+        taken = _safe_take(dashboard, process)
+        return [take_here(process)] if local and not process.tree and taken[0].text is None else taken
 
     with ThreadPoolExecutor(max_workers=min(32, len(processes)), thread_name_prefix="stacks") as pool:
-        stacks = list(pool.map(one, processes))
+        stacks = [stack for taken in pool.map(one, processes) for stack in taken]
     private_dir(directory)
     for stack in stacks:
         role = stack.process.role.split()[0]
@@ -174,8 +253,8 @@ def load(directory: Path) -> Evidence:
                     str(directory), first_error=(summary.get("errors") or [None])[0])
 
 
-def _safe_take(dashboard: RayDashboard, process: Process) -> Stack:
+def _safe_take(dashboard: RayDashboard, process: Process) -> list[Stack]:
     try:
         return take(dashboard, process)
     except (OSError, DashboardHttpError, ValueError) as exc:
-        return Stack(process, error=str(exc))
+        return [Stack(process, error=str(exc))]

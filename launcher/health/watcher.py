@@ -1,6 +1,9 @@
 """The watcher: every check interval it reads the exporters, finds the attempt's faults and says
 what is new since the last check (a fault is reported once; an exporter that stops answering is
 news, and so is its return). It decides nothing about actions: the run does, by its policy.
+
+A check reads only the watched families (exporters.FAMILIES_PATH), If-None-Match the ETag each
+exporter gave last: an unchanged node is a 304 whose samples are the last ones kept here.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from launcher.health import faults as found
-from launcher.health.exporters import NodeRead, TargetSource, read_all
+from launcher.health.exporters import READ_TIMEOUT_S, Known, NodeRead, TargetSource, read_all
 from launcher.health.faults import Attempt, Baseline, Fault, Progress
 from launcher.health.policy import HealthPolicy
 
@@ -24,6 +27,12 @@ class Check:
     back: list[str] = field(default_factory=list)  # nodes whose exporter answers again
     progress: Progress | None = None
     reads: list[NodeRead] = field(default_factory=list)
+    seconds: float = 0.0  # the check's wall time, from the targets' listing to its last finding
+
+    @property
+    def not_modified(self) -> int:
+        """Exporters that answered 304: nothing changed in the watched families since the last check."""
+        return sum(1 for read in self.reads if read.not_modified)
 
 
 class Watcher:
@@ -40,6 +49,8 @@ class Watcher:
         self._reported: set[str] = set()
         self._unreachable: dict[str, str] = {}
         self._next_check = 0.0
+        self._known: Known = {}  # each exporter's last ETag and samples: an unchanged one answers 304
+        self.read_timeout = READ_TIMEOUT_S  # one deadline for all of a check's reads
         self.last: Check | None = None
 
     def watch(self, attempt: Attempt) -> None:
@@ -58,8 +69,13 @@ class Watcher:
     def check(self) -> Check:
         """Read every exporter once; what is new. Call when due()."""
         assert self.attempt is not None
+        began = time.monotonic()
         self._next_check = self._monotonic() + self.policy.check_interval_seconds
-        reads = read_all(self._targets())
+        targets = self._targets()
+        listed = {target.url for target in targets}
+        for url in [url for url in self._known if url not in listed]:  # nodes gone from /sd: forgotten
+            del self._known[url]
+        reads = read_all(targets, self._known, self.read_timeout)
         result = Check(reads=reads)
         for read in reads:
             name = read.target.node
@@ -77,5 +93,6 @@ class Watcher:
                 self._reported.add(fault.key)
                 result.faults.append(fault)
         result.progress = found.progress([read for read in reads if read.ok], self.attempt.submission_id)
+        result.seconds = time.monotonic() - began
         self.last = result
         return result

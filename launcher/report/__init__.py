@@ -15,7 +15,6 @@ report, never raised; an unknown run is BadInput (exit 2).
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,7 @@ from launcher.report import charts, data
 from launcher.report import prometheus as prom
 from launcher.report.charts import Chart
 from launcher.report.page import chart_div, document, esc, note, section, table, when
-from launcher.state import RunRecord, run_dir
+from launcher.state import RunRecord, home, replacing, run_dir, write_private
 
 FILE_NAME = "report.html"
 EVENTS_SHOWN = 400
@@ -37,9 +36,10 @@ HEAL_KINDS = ("health.", "node.", "run.resume")
 
 
 def locate(run: str | Path) -> tuple[Path, RunRecord | None, str | None]:
-    """(the run's directory, its record or None, why the record is missing or unreadable). A path
-    (or a string with a slash) is a run directory; anything else a run id under $RAYPULSE_HOME."""
-    directory = Path(run) if isinstance(run, Path) or os.sep in run else run_dir(run)
+    """(the run's directory, its record or None, why the record is missing or unreadable). A Path is
+    a run directory the caller chose; a string is a run id under $RAYPULSE_HOME, never a path
+    (run_dir refuses `../x` and `a/b` with BadInput)."""
+    directory = run if isinstance(run, Path) else run_dir(run)
     record_file = directory / "run.json"
     if not record_file.exists():
         if not path_of(directory).exists():
@@ -54,8 +54,10 @@ def locate(run: str | Path) -> tuple[Path, RunRecord | None, str | None]:
 
 def render(run: str | Path, output: Path | None = None, *, prometheus: str | None = None) -> Path:
     """Write the report of `run` (an id or a run directory) to `output` (default: report.html in
-    the run's directory); returns its path. `prometheus` (default: the one the run's spec named)
-    is asked for the alerts that fired, and for the series when the run has no recording."""
+    the run's directory: under $RAYPULSE_HOME private like the rest, 0600; a file the caller names
+    keeps the umask); returns its path. Neither is written through a link planted in its place.
+    `prometheus` (default: the one the run's spec named) is asked for the alerts that fired, and for
+    the series when the run has no recording."""
     directory, record, problem = locate(run)
     notes = [note(problem, "warn")] if problem else []
     prometheus = prometheus or (record.spec.get("prometheus") if record else None)  # the run's own, if it named one
@@ -75,12 +77,21 @@ def render(run: str | Path, output: Path | None = None, *, prometheus: str | Non
                 + f" · times in UTC · report written {when(time.time())}") if record else \
         f"times in UTC · report written {when(time.time())}"
     target = output or directory / FILE_NAME
+    page = document(title, subtitle, body, built.charts)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(document(title, subtitle, body, built.charts), encoding="utf-8")
+        if output is None and _under_home(directory):
+            write_private(target, page)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with replacing(target) as out:
+                out.write(page)
     except OSError as exc:
         raise BadInput(f"output: cannot write the report to {target}: {exc.strerror or exc}") from None
     return target
+
+
+def _under_home(directory: Path) -> bool:
+    return directory.resolve().is_relative_to(home().resolve())
 
 
 def _run_range(record: RunRecord | None, rec: Recording | None) -> tuple[float, float]:

@@ -16,6 +16,12 @@ STATUS_COLOURS = {"SUCCEEDED": "#2e7d32", "FAILED": "#c62828", "STOPPED": "#7575
                   "PENDING": "#f9a825", "UNHEALTHY": "#6a1b9a"}
 
 
+def plain(text: str) -> str:
+    """Text as plotly.js shows it literally: it reads a few HTML tags in names and texts (<a href>
+    makes a link, <br> a line), and turns entities back into characters after it splits the tags."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 @dataclass
 class Chart:
     id: str  # the element id: chart-<id>
@@ -39,7 +45,7 @@ def lines(chart_id: str, title: str, unit: str, found: list[Curve], *, percent: 
     drawn = [c for c in found if c.x]
     if not drawn:
         return None
-    data = [{"type": "scatter", "mode": "lines+markers" if len(c.x) < 3 else "lines", "name": c.name,
+    data = [{"type": "scatter", "mode": "lines+markers" if len(c.x) < 3 else "lines", "name": plain(c.name),
              "x": c.x, "y": [v if math.isfinite(v) else None for v in c.y]} for c in drawn]
     layout = _layout(title, unit, percent=percent)
     if bytes_axis:
@@ -57,7 +63,8 @@ def attempts(record: RunRecord, events: list[dict[str, Any]]) -> Chart | None:
         if start is None:
             continue
         end = attempt.ended_at or (record.finished_at if record.exit_code is not None else None) or now
-        label = attempt.status + (f" (exit {attempt.driver_exit_code})" if attempt.driver_exit_code is not None else "")
+        label = plain(attempt.status + (f" (exit {attempt.driver_exit_code})"
+                                        if attempt.driver_exit_code is not None else ""))
         bars.append({"type": "bar", "orientation": "h", "name": f"attempt {attempt.attempt}: {label}",
                      "y": [f"attempt {attempt.attempt}"], "base": [start * 1000], "x": [max(end - start, 0.5) * 1000],
                      "text": [label], "textposition": "inside", "insidetextanchor": "middle",
@@ -68,7 +75,7 @@ def attempts(record: RunRecord, events: list[dict[str, Any]]) -> Chart | None:
     marks = [e for e in events if e["kind"].startswith(("health.", "node.", "retry.", "run.resume"))]
     if marks:
         bars.append({"type": "scatter", "mode": "markers", "name": "events", "y": ["events"] * len(marks),
-                     "x": [e["time"] * 1000 for e in marks], "text": [f"{e['kind']}: {e.get('message') or ''}"
+                     "x": [e["time"] * 1000 for e in marks], "text": [plain(f"{e['kind']}: {e.get('message') or ''}")
                                                                     for e in marks],
                      "hovertemplate": "%{text}<extra></extra>", "marker": {"size": 11, "symbol": "diamond",
                                                                            "color": "#ef6c00"}})

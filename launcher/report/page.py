@@ -54,6 +54,13 @@ def plotly_js() -> str:
     return get_plotlyjs()
 
 
+def script_json(value: Any) -> str:
+    """JSON for a <script> element: no <, > or & at all (\\u003c...), so no text inside it can close
+    the element or open a comment (`<!--<script>` would swallow the scripts after it)."""
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
@@ -85,8 +92,7 @@ def section(title: str, *parts: str, grid: bool = False) -> str:
 
 
 def document(title: str, subtitle: str, sections: Sequence[str], charts: Sequence[Chart]) -> str:
-    figures = json.dumps({chart.id: chart.figure for chart in charts}, separators=(",", ":"), allow_nan=False)
-    figures = figures.replace("</", "<\\/")  # never closes its script element
+    figures = script_json({chart.id: chart.figure for chart in charts})
     script = plotly_js().replace("</script", "<\\/script") if charts else ""
     return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from exporter import wire
+from exporter.contract import wire
 
 from . import WEB_DIR
 from .supervisor import Supervisor, _stop_and_kill, alive_nodes, is_head

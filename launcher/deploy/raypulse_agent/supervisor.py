@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from exporter import wire
+from exporter.contract import wire
 
 from .node import NodeExporter
 
