@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter import wire
+from exporter.contract import wire
 from scripts.ports import free_port_range
 from tests.conftest import (
     REPO,

@@ -33,7 +33,7 @@ import pytest
 import launcher
 from alerts import prometheus
 from dashboards import livecheck
-from exporter import node_exporter, wire
+from exporter.contract import node_exporter, wire
 from exporter.gpusim import control
 from tests.conftest import REPO, exporter_command, free_port, http_get, wait_until
 from tests.otlp_receiver import OtlpReceiver

@@ -31,7 +31,8 @@ from alerts import prometheus
 from alerts.config import DEFAULT as ALERTS_CONFIG
 from dashboards import livecheck, promql
 from dashboards.provisioner import JSON_DIR
-from exporter import node_exporter, profiles, wire
+from exporter import profiles
+from exporter.contract import node_exporter, wire
 from exporter.plugins import load
 from exporter.server import Exporter
 from exporter.shared import ServiceDiscovery

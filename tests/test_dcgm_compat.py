@@ -165,3 +165,34 @@ def test_a_real_prometheus_records_dcgm_names_from_a_simulated_exporter(start_ex
     for query in ('DCGM_FI_DEV_GPU_TEMP{instance=~".*", gpu=~".*"}', "sum(DCGM_FI_DEV_POWER_USAGE)",
                   "DCGM_FI_DEV_SM_CLOCK * 1000000", "DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"):
         assert prom.query(query), query
+
+
+def test_beside_a_dcgm_exporter_no_name_has_two_series_for_one_gpu(tmp_path: Path):
+    """Every recorded name, reported by a dcgm-exporter for GPU-0 too (its GPU id and Hostname unlike
+    raypulse's, as they may be): promtool finds one series per GPU and name, dcgm-exporter's for GPU-0."""
+    tests = yaml.safe_load(UNIT_TEST.read_text())
+    inputs = tests["tests"][0]["input_series"]  # every raypulse input, GPUs 0 and 1
+    assert 'uuid="GPU-0"' in inputs[0]["series"]
+    names = [name for name in rule_exprs() if name != dcgm_compat.IDENTITY]
+    dcgm = [{"series": f'{name}{{job="dcgm-exporter",instance="10.0.0.5:9400",gpu="7",UUID="GPU-0",'
+                       f'device="nvidia7",modelName="NVIDIA H100 80GB HBM3",Hostname="ip-10-0-0-5"}}',
+             "values": "1x10"} for name in names]
+    per_gpu = ('count by (__name__, gpu_uuid) (label_replace(label_replace({__name__=~"DCGM_.*"}, '
+               '"gpu_uuid", "$1", "uuid", "(.+)"), "gpu_uuid", "$1", "UUID", "(.+)"))')
+    test = {
+        "rule_files": [str(dcgm_compat.RULES.resolve())],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": [*inputs, *dcgm], "promql_expr_test": [
+            {"expr": f"{per_gpu} > 1", "eval_time": "2m", "exp_samples": []},
+            # GPU-0's series of every name is dcgm-exporter's own
+            {"expr": 'count by (__name__) ({__name__=~"DCGM_.*", UUID="GPU-0", job!="dcgm-exporter"})',
+             "eval_time": "2m", "exp_samples": []},
+            {"expr": 'count({__name__=~"DCGM_.*", UUID="GPU-0", job="dcgm-exporter"})', "eval_time": "2m",
+             "exp_samples": [{"labels": "{}", "value": len(names)}]},
+        ]}],
+    }
+    path = tmp_path / "beside_dcgm_test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False, width=4096))
+    result = subprocess.run([binary("promtool"), "test", "rules", path.name], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -23,7 +23,7 @@ _SERVE_IMPORTS = """
 import json, sys
 from exporter import plugins
 import exporter.cli, exporter.server
-from exporter.server import enabled_collectors
+from exporter.plugins import enabled_collectors
 from exporter.shared import Shared
 config = plugins.load({"gpu": {"simulate": 8}}, None)
 enabled_collectors(config, Shared.for_config(config))

@@ -32,12 +32,12 @@ from exporter.collectors.gpu import (
     utilization,
 )
 from exporter.collectors.gpu import event_collector as events
-from exporter.collectors.gpu.collector import GpuCollector, nvml_module
+from exporter.collectors.gpu.collector import GpuCollector
 from exporter.collectors.gpu.reader import NvmlDown
 from exporter.config import ConfigError, load_config
 from exporter.gpusim import control
 from exporter.gpusim.nvml import SimulatedNvml
-from exporter.shared import GpuProcessUsage
+from exporter.shared import GpuProcessUsage, Shared
 from exporter.snapshot import SampleSink, Snapshot
 
 load_collectors()
@@ -179,11 +179,21 @@ def test_gpu_info_names_the_gpu_and_says_it_is_simulated(rig):
 
 
 def test_the_configuration_chooses_simulated_or_real_nvml():
-    simulated = nvml_module(load_config({"gpu": {"simulate": 3, "simulate_model": "h200"}}, environ={}))
+    config = load_config({"gpu": {"simulate": 3, "simulate_model": "h200"}}, environ={})
+    simulated = plugins.nvml_module(config)
     assert isinstance(simulated, SimulatedNvml)
     assert len(simulated.gpus) == 3
     assert simulated.model.key == "H200"
-    assert nvml_module(load_config(environ={})) is pynvml
+    assert plugins.nvml_module(load_config(environ={})) is pynvml
+    # The framework chooses it where it chooses the collectors; the collector only reads what it is given.
+    collectors = plugins.enabled_collectors(config, Shared.for_config(config))
+    try:
+        (gpu,) = [c for c in collectors if c.name == "gpu"]
+        assert isinstance(gpu.nvml, SimulatedNvml)
+        assert gpu.simulated
+    finally:
+        for collector in collectors:
+            collector.close()
 
 
 @pytest.mark.parametrize(("settings", "message"), [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import subprocess
 import threading
 import time
@@ -13,7 +14,7 @@ import pytest
 
 from exporter.gpusim import control
 from exporter.gpusim.nvml import SimulatedNvml
-from tests.conftest import REPO, exporter_command
+from tests.conftest import REPO, exporter_command, wait_until
 
 
 def simulated_functions() -> list[str]:
@@ -264,3 +265,44 @@ def test_gpu_fault_cli_writes_what_the_simulator_reads(tmp_path):
     assert not cleared.gpu(0).lost
     assert not cleared.hang
     assert cleared.gpu(3).ecc_dbe == 2
+
+
+def test_a_fifo_as_control_file_is_refused_at_once(tmp_path):
+    path = tmp_path / "n-gpus.json"
+    os.mkfifo(path)  # nobody writes: a blocking open would wait for a writer forever
+    done = threading.Event()
+    outcome: list[BaseException | control.Control] = []
+
+    def read() -> None:
+        try:
+            outcome.append(control.read(path))
+        except control.ControlError as exc:
+            outcome.append(exc)
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(5), "reading a FIFO hung"
+    assert isinstance(outcome[0], control.ControlError)
+    assert "not a regular file" in str(outcome[0])
+
+
+def test_the_exporter_starts_with_a_fifo_as_control_file(tmp_path, start_exporter):
+    path = tmp_path / "n-gpus.json"
+    os.mkfifo(path)
+    exporter = start_exporter("--simulate-gpus", "1", "--gpu-control", str(path))  # waits for /readyz
+    wait_until(lambda: "raypulse_gpu_info{" in exporter.metrics_text(), 30, "the simulated GPU's series")
+    wait_until(lambda: "not a regular file" in exporter.log.read_text(), 10, "the refusal in the log")
+
+
+def test_a_symlink_or_another_user_s_file_is_not_a_control_file(tmp_path):
+    real = tmp_path / "real.json"
+    control.update(real, lambda c: setattr(control.gpu_entry(c, 0), "lost", True))
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    with pytest.raises(control.ControlError, match="a symbolic link"):
+        control.read(link)
+    other = 65534 if os.geteuid() != 65534 else 65533
+    if os.geteuid() == 0:  # only root can give a file away; as anyone else, another user's file is planted
+        os.chown(real, other, -1)
+        with pytest.raises(control.ControlError, match=f"owned by uid {other}"):
+            control.read(real)

@@ -25,9 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from alerts.config import DEFAULT as ALERTS_CONFIG
-from exporter import assets, manifests, wire
+from exporter import assets, manifests
 from exporter.cli import main
 from exporter.config import NodeSettings
+from exporter.contract import wire
 from exporter.manifests import Options, render
 from scripts.ports import free_port
 from tests.conftest import http_get, wait_until
@@ -38,7 +39,8 @@ K8S_DEFINITIONS = DATA / "kubernetes" / "definitions-v1.36.json"
 CRDS = DATA / "prometheus-operator"
 K8S_KINDS = {("apps/v1", "DaemonSet"): "io.k8s.api.apps.v1.DaemonSet",
              ("v1", "Service"): "io.k8s.api.core.v1.Service",
-             ("v1", "ConfigMap"): "io.k8s.api.core.v1.ConfigMap"}
+             ("v1", "ConfigMap"): "io.k8s.api.core.v1.ConfigMap",
+             ("v1", "ServiceAccount"): "io.k8s.api.core.v1.ServiceAccount"}
 CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-v1-openapi.json",
              ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-v1-openapi.json"}
 VARIANTS = [
@@ -46,7 +48,13 @@ VARIANTS = [
     Options(namespace="ml-monitoring", release="kube-prometheus-stack", cluster="gpu-prod", runtime_class="nvidia"),
     Options(name="rp", unprivileged=True, host_network=False, priority_class=None,
             node_selector={"nvidia.com/gpu.present": "true"},
-            tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)),
+            tolerations=({"operator": "Exists"},)),
+    # every deploy knob at once
+    Options(profile="node-exporter-companion", web_config_secret="raypulse-web", image_pull_secrets=("regcred",),
+            extra_args=("--log-level", "debug"), env={"RAYPULSE_EXPORTER_LOG_LEVEL": "debug"},
+            affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}},
+            tolerations=({"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute"},)),
 ]
 
 
@@ -77,16 +85,22 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [obj for obj in objects if obj["kind"] == kind]
 
 
-@pytest.mark.parametrize("options", VARIANTS, ids=["defaults", "kube-prometheus-stack", "unprivileged"])
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (obj,) = by_kind(objects, kind)
+    return obj
+
+
+@pytest.mark.parametrize("options", VARIANTS, ids=["defaults", "kube-prometheus-stack", "unprivileged", "knobs"])
 def test_every_object_validates_against_its_schema(validators, options):
     objects = render(options)
     assert sorted({obj["kind"] for obj in objects}) == ["ConfigMap", "DaemonSet", "PrometheusRule", "Service",
-                                                        "ServiceMonitor"]
+                                                        "ServiceAccount", "ServiceMonitor"]
     assert [error for obj in objects for error in problems(validators, obj)] == []
 
 
 def test_the_strict_schemas_catch_a_misspelt_field(validators):
-    daemonset, _, monitor, *_ = render()
+    objects = render()
+    daemonset, monitor = one(objects, "DaemonSet"), one(objects, "ServiceMonitor")
     broken = copy.deepcopy(daemonset)
     broken["spec"]["template"]["spec"]["hostPid"] = broken["spec"]["template"]["spec"].pop("hostPID")
     assert any("hostPid" in error for error in problems(validators, broken))
@@ -154,7 +168,8 @@ def test_root_only_with_the_two_capabilities_that_process_attribution_needs():
 
 
 def test_the_probes_and_ports_are_the_exporters():
-    daemonset, service, monitor, *_ = render()
+    objects = render()
+    daemonset, service, monitor = (one(objects, kind) for kind in ("DaemonSet", "Service", "ServiceMonitor"))
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     (port,) = container["ports"]
     assert port["containerPort"] == wire.EXPORTER_PORT
@@ -169,7 +184,9 @@ def test_the_probes_and_ports_are_the_exporters():
     assert endpoint["port"] == service_port["name"]
     assert endpoint["path"] == wire.METRICS_PATH
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
+    # No namespaceSelector: the operator looks in the ServiceMonitor's own namespace, the Service's.
+    assert "namespaceSelector" not in monitor["spec"]
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
 
 
 def test_the_service_monitor_gives_the_labels_the_rules_and_dashboards_select_on():
@@ -227,16 +244,17 @@ def test_the_command_writes_one_file_per_object(tmp_path, validators):
     assert result.exit_code == 0, result.output
     files = sorted(tmp_path.glob("*.yaml"))
     objects = [yaml.safe_load(path.read_text()) for path in files]
-    assert [obj["kind"] for obj in objects[:4]] == ["DaemonSet", "Service", "ServiceMonitor", "PrometheusRule"]
-    assert {obj["kind"] for obj in objects[4:]} == {"ConfigMap"}
+    assert [obj["kind"] for obj in objects[:5]] == ["ServiceAccount", "DaemonSet", "Service", "ServiceMonitor",
+                                                    "PrometheusRule"]
+    assert {obj["kind"] for obj in objects[5:]} == {"ConfigMap"}
     assert all(obj["metadata"]["labels"]["release"] == "kps" for obj in objects)
     assert [error for obj in objects for error in problems(validators, obj)] == []
-    pod = objects[0]["spec"]["template"]["spec"]
+    pod = objects[1]["spec"]["template"]["spec"]
     assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true"
     stdout = CliRunner().invoke(main, ["manifests", "--priority-class", ""])
     assert stdout.exit_code == 0
-    first = next(yaml.safe_load_all(stdout.output))
-    assert "priorityClassName" not in first["spec"]["template"]["spec"]
+    assert "priorityClassName" not in one(list(yaml.safe_load_all(stdout.output)), "DaemonSet")["spec"]["template"][
+        "spec"]
     refused = CliRunner().invoke(main, ["manifests", "--namespace", "Bad_NS"])
     assert refused.exit_code == 2
     assert "DNS label" in refused.output
@@ -307,3 +325,113 @@ def test_the_exporter_run_as_the_daemonset_runs_it_reports_the_hosts_node_series
         name for name in interfaces if not excluded.match(name)}
     mountpoints = {sample.labels["mountpoint"] for sample in samples["raypulse_node_filesystem_size_bytes"]}
     assert "/" in mountpoints  # the host's root, measured through --rootfs
+
+
+# --- deploy knobs (dcgm-exporter's chart values: deployment/values.yaml) -----------------------------------
+
+def pod_spec(options: Options) -> dict[str, Any]:
+    return manifests.daemonset(options)["spec"]["template"]["spec"]
+
+
+def test_by_default_the_pods_tolerate_the_gpu_taint_and_are_node_critical():
+    pod = pod_spec(Options())
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["priorityClassName"] == "system-node-critical"
+    for absent in ("affinity", "imagePullSecrets"):
+        assert absent not in pod
+
+
+def test_the_pods_run_as_their_own_service_account_without_a_token():
+    objects = render()
+    account = one(objects, "ServiceAccount")
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert account["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is False
+    assert not {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"} & {obj["kind"] for obj in objects}
+
+
+def test_profile_extra_args_and_env_reach_the_container_and_the_exporter_accepts_them():
+    options = Options(profile="node-exporter-companion", extra_args=("--log-level", "debug"),
+                      env={"RAYPULSE_EXPORTER_LOG_LEVEL": "debug"})
+    (container,) = pod_spec(options)["containers"]
+    args = container["args"]
+    assert args[args.index("--profile") + 1] == "node-exporter-companion"
+    assert args[-2:] == ["--log-level", "debug"]  # last: they win over the generated ones
+    assert {"name": "RAYPULSE_EXPORTER_LOG_LEVEL", "value": "debug"} in container["env"]
+    # The same arguments, as `exporter serve` would parse them (check-config takes serve's flags).
+    result = CliRunner().invoke(main, ["check-config", *args[1:]], env={"RAYPULSE_EXPORTER_LOG_LEVEL": "debug"})
+    assert result.exit_code == 0, result.output
+    effective = yaml.safe_load(result.output)
+    assert effective["profile"] == "node-exporter-companion"
+    assert effective["log_level"] == "debug"
+    assert "--profile" not in pod_spec(Options())["containers"][0]["args"]
+
+
+def test_a_web_config_secret_means_https_for_the_probes_and_the_scrape():
+    options = Options(web_config_secret="raypulse-web")
+    pod = pod_spec(options)
+    (container,) = pod["containers"]
+    volume = next(volume for volume in pod["volumes"] if "secret" in volume)
+    assert volume["secret"]["secretName"] == "raypulse-web"
+    mount = next(mount for mount in container["volumeMounts"] if mount["name"] == volume["name"])
+    assert mount["readOnly"] is True
+    args = container["args"]
+    assert args[args.index("--web-config") + 1] == f"{mount['mountPath']}/{manifests.WEB_CONFIG_KEY}"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert container["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    (endpoint,) = manifests.service_monitor(options)["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "raypulse-web", "key": manifests.CA_KEY}
+    (plain,) = manifests.service_monitor(Options())["spec"]["endpoints"]
+    assert plain["scheme"] == "http"
+    assert "tlsConfig" not in plain
+
+
+def test_affinity_and_image_pull_secrets_are_the_pods():
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}}
+    pod = pod_spec(Options(affinity=affinity, image_pull_secrets=("regcred", "mirror")))
+    assert pod["affinity"] == affinity
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
+
+
+def test_bad_knobs_are_refused_with_the_rule():
+    with pytest.raises(ValueError, match="profile"):
+        Options(profile="everything")
+    with pytest.raises(ValueError, match="Secret name"):
+        Options(web_config_secret="Web_Config")
+    with pytest.raises(ValueError, match="Secret name"):
+        Options(image_pull_secrets=("reg cred",))
+    with pytest.raises(ValueError, match="environment variable"):
+        Options(env={"1BAD": "x"})
+    with pytest.raises(ValueError, match="operator"):
+        Options(tolerations=({"key": "a", "operator": "In"},))
+
+
+def test_the_command_takes_every_knob(tmp_path, validators):
+    affinity = tmp_path / "affinity.yaml"
+    affinity.write_text("podAntiAffinity: {}\n")
+    result = CliRunner().invoke(main, [
+        "manifests", "--profile", "none", "--web-config-secret", "raypulse-web", "--toleration", "*",
+        "--toleration", "dedicated=ml:NoExecute", "--toleration", "nvidia.com/gpu", "--affinity", f"@{affinity}",
+        "--image-pull-secret", "regcred", "--arg=--log-level", "--arg=debug", "--env", "A=b=c"])
+    assert result.exit_code == 0, result.output
+    objects = list(yaml.safe_load_all(result.output))
+    assert [error for obj in objects for error in problems(validators, obj)] == []
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [{"operator": "Exists"},
+                                  {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute"},
+                                  {"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert pod["affinity"] == {"podAntiAffinity": {}}
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    (container,) = pod["containers"]
+    assert container["args"][-2:] == ["--log-level", "debug"]
+    assert "--profile" in container["args"]
+    assert {"name": "A", "value": "b=c"} in container["env"]
+    for bad, message in ((["--toleration", "key:Sometimes"], "KEY[=VALUE][:EFFECT]"),
+                         (["--affinity", "[1, 2]"], "mapping"), (["--env", "NOVALUE"], "KEY=VALUE"),
+                         (["--profile", "all"], "all")):
+        refused = CliRunner().invoke(main, ["manifests", *bad])
+        assert refused.exit_code == 2, (bad, refused.output)
+        assert message in refused.output, (bad, refused.output)

@@ -1,4 +1,4 @@
-"""The label contract (exporter/labels.py): one object names the cluster and node labels, the scrape
+"""The label contract (exporter/contract/labels.py): one object names the cluster and node labels, the scrape
 job the rules select and the runbook base, for alerts.build, dashboards.build and `exporter
 manifests` alike. The default changes nothing; the KubeRay-style contract (`ray_io_cluster`) renders
 rules that promtool accepts and whose unit tests still hold, manifests that carry exactly those rules
@@ -31,7 +31,7 @@ from dashboards.boards import BOARDS
 from dashboards.provisioner import JSON_DIR
 from exporter import manifests
 from exporter.cli import main as exporter_main
-from exporter.labels import DEFAULT, KUBERAY, LabelContract
+from exporter.contract.labels import DEFAULT, KUBERAY, LabelContract
 from tests import test_k8s_manifests as k8s_tests
 from tests.conftest import REPO, RunningPrometheus, binary, exporter_command, free_port, wait_until
 from tests.ray_testcluster import start_prometheus, stop_process

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import yaml
 
-from exporter import wire
+from exporter.contract import wire
 from exporter.gpusim import control
 from launcher.deploy.raypulse_agent.node import NodeExporter
 from tests.conftest import http_get, wait_until

@@ -30,6 +30,12 @@ HANGS = ("python -c 'import time, ray\nfrom exporter import progress\nray.init()
          "for step in range(1, 10**6):\n    progress.report(step, loss=1.0)\n"
          "    if step == 5:\n        progress.flush()\n        time.sleep(3600)\n    time.sleep(0.2)'")
 
+# Reports five steps, then hangs, without ever calling ray.init() (a plain script, or torchrun's ranks):
+# Ray sees no driver, actor or task of it; its processes are the entrypoint's tree.
+PLAIN_HANG = ("python -c 'import time\nfrom exporter import progress\n"
+              "for step in range(1, 6):\n    progress.report(step, loss=1.0)\n    time.sleep(0.2)\n"
+              "progress.flush()\ntime.sleep(3600)'")
+
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
@@ -82,6 +88,20 @@ def test_a_hang_the_policy_stops_is_unhealthy_with_its_stacks_kept(home: Path, k
     text = launcher("status", "hung-1", home=home).stdout
     assert "health.fault" in text
     assert "health.stacks" in text
+
+
+def test_a_hang_without_ray_init_has_the_stacks_of_its_entrypoint(home: Path, kept: dict):
+    result = launcher("submit", "--cluster", "healing", "--run-id", "plain-1", *FAST, "--on-hang", "stop", "--",
+                      PLAIN_HANG, home=home)
+    assert result.returncode == 7, result.stderr
+    record = status_json("plain-1", home)
+    [stacks] = [event for event in record["events"] if event["kind"] == "health.stacks"]
+    assert stacks["details"]["taken"] >= 1, stacks
+    shown = launcher("diagnose", "plain-1", "--saved", home=home)
+    assert shown.returncode == 0, shown.stderr
+    assert "1 in <module> (<string>:7)" in shown.stdout  # the script's sleep, line 7 of PLAIN_HANG
+    assert "entrypoint -c" in shown.stdout
+
 
 
 def test_a_stop_during_a_restarts_backoff_ends_the_run_cleanly(home: Path, kept: dict):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import wire
+from exporter.contract import wire
 from launcher.detach import spec_for_no_wait
 from launcher.errors import BadInput
 from launcher.spec import SpecError, build_spec

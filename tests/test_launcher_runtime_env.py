@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.cli import spec_from_options
 from launcher.errors import BadInput
+from launcher.flags import spec_from_options
 from launcher.kuberay import render
 from launcher.run import runtime_env
 from launcher.spec import SpecError, build_spec
@@ -122,6 +122,20 @@ def test_bad_runtime_env_flags_exit_2_before_anything_starts(tmp_path: Path, arg
     assert words in result.stderr
     assert "Traceback" not in result.stderr
     assert_nothing_started(tmp_path, result)
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (b"pip: [\xff]\n", "not UTF-8 text (byte 6)"),
+    (b"pip: [numpy\n", "not valid YAML"),
+    (b"{a: " * 3000 + b"1" + b"}" * 3000, "nested too deeply"),
+    (b"- numpy\n", "the top level must be a mapping of Ray's fields (pip, uv, py_modules"),
+])
+def test_a_runtime_env_file_that_cannot_be_read_is_named(tmp_path: Path, content, words):
+    path = tmp_path / "env.yaml"
+    path.write_bytes(content)
+    with pytest.raises(BadInput) as error:
+        spec_from_options(None, {"runtime_env": path, "command": ("true",)})
+    assert f"--runtime-env: {path}: {words}" in str(error.value)
 
 
 def test_local_py_modules_must_exist_here(tmp_path: Path):

@@ -68,8 +68,33 @@ def test_credentials_in_a_command_line_are_redacted(line, shown):
     assert redact.command(shown) == shown  # redacting twice changes nothing
 
 
+@pytest.mark.parametrize(("line", "shown"), [
+    ('curl -H "Authorization: Bearer X" https://h/api', f'curl -H "Authorization: {R}" https://h/api'),
+    ("curl --header 'X-Api-Key: abc' https://h/", f"curl --header 'X-Api-Key: {R}' https://h/"),
+    ("python t.py --bearer X", f"python t.py --bearer {R}"),
+    ("wget --header=Authorization:Bearer\\ X u", f"wget --header=Authorization:{R} u"),
+    ("python t.py --extra 'Bearer X'", f"python t.py --extra 'Bearer {R}'"),
+    ("bash -c 'DB_URL=X python t.py'", f"bash -c 'DB_URL={R} python t.py'"),
+    ('sudo sh -lc "cd /x && DB_URL=X ./run"', f'sudo sh -lc "cd /x && DB_URL={R} ./run"'),
+    ("python t.py --wandb-key X", f"python t.py --wandb-key {R}"),
+    ("mysql -u root -pX db < dump.sql", f"mysql -u root -p{R} db < dump.sql"),
+    ("redis-cli -h r -a X ping", f"redis-cli -h r -a {R} ping"),
+    ("python -c \"import os; os.environ['HF_TOKEN']='X'; main()\"",
+     f"python -c \"import os; os.environ['HF_TOKEN']={R}; main()\""),
+    ("aws configure set aws_secret_access_key X && python t.py",
+     f"aws configure set aws_secret_access_key {R} && python t.py"),
+])
+def test_common_forms_of_credentials_on_a_command_line_are_redacted(line, shown):
+    """The second probe's forms (issue 29, finding 9); command-line redaction stays best effort."""
+    assert redact.command(line) == shown
+    assert redact.command(shown) == shown
+
+
 @pytest.mark.parametrize("line", [
     "python train.py --epochs 3 --lr=0.1",
+    "mkdir -p out && python -c 'x=1; print(x)'",
+    "python t.py --sort-key name --primary-key id",
+    "bash -c 'python t.py --epochs 3'",
     "python t.py --token-path /p/token --password-file /p/pw --auth-mode token --no-token --verbose",
     "echo 'import os\nprint(1)' > job.py && python job.py",
     "python -c 'x=1; print(x)' a=b",

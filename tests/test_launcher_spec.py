@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from launcher import audit
-from launcher.cli import SPEC_OPTIONS, main, parse_worker_group, spec_from_options
+from launcher.cli import main
 from launcher.entrypoint import EntrypointError, validate_entrypoint
+from launcher.flags import SPEC_OPTIONS, default, parse_worker_group, spec_from_options
 from launcher.spec import JobSpec, SpecError, build_spec, format_memory, parse_memory
 from tests.conftest import REPO, free_port
 
@@ -77,6 +78,48 @@ def test_worker_group_flag_uses_pai_dlc_role_syntax():
     assert [(group.name, group.count, group.gpus) for group in spec.worker_groups] == [("cpu", 2, 0), ("gpu", 1, 2)]
     with pytest.raises(SpecError, match="worker_groups: give either --worker-group or"):
         spec_from_options(None, {"command": ("true",), "worker_group": ("cpu:count=2",), "workers": 3})
+
+
+def submit_spec(*args: str) -> JobSpec:
+    """The spec `launcher submit ARGS` runs, from click's own parsing of the flags."""
+    params = dict(main.commands["submit"].make_context("submit", list(args)).params)
+    params.pop("no_wait")
+    return spec_from_options(params.pop("file"), params)
+
+
+def test_a_flag_given_as_zero_sets_its_field_to_zero(tmp_path: Path):
+    """`--max-retries 0` once fell through to the default: 0 is a value, only a flag not given is not."""
+    spec = submit_spec("--max-retries", "0", "--retry-backoff", "0", "--retry-backoff-max", "0", "--workers", "0",
+                       "--", "python", "train.py")
+    assert (spec.max_retries, spec.retry_backoff_seconds, spec.retry_backoff_max_seconds) == (0, 0, 0)
+    assert spec.worker_groups[0].count == 0
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump({"entrypoint": "python train.py", "max_retries": 2, "retry_backoff_seconds": 5,
+                                         "worker_groups": [{"count": 2, "gpus": 1}]}))
+    over_file = submit_spec("-f", str(spec_file), "--max-retries", "0", "--retry-backoff", "0", "--worker-gpus", "0")
+    assert (over_file.max_retries, over_file.retry_backoff_seconds) == (0, 0)
+    assert (over_file.worker_groups[0].count, over_file.worker_groups[0].gpus) == (2, 0)
+
+
+def test_flags_not_given_leave_the_fields_default():
+    assert submit_spec("--", "true") == build_spec({"entrypoint": "true", "user": JobSpec(entrypoint="true").user})
+
+
+def test_the_help_shows_every_fixed_default_of_the_spec():
+    """--help reads its defaults from the spec's fields; a default computed at run time is said in words."""
+    helps = {param.name: param.help or "" for param in main.commands["submit"].params if param.name in SPEC_OPTIONS}
+    for option, text in helps.items():
+        try:
+            value = default(option)
+        except ValueError:  # None, or computed (the login name, the image)
+            continue
+        if value not in ("True", "False"):  # on/off flags say what they turn
+            assert f"[{value}" in text, f"--{option.replace('_', '-')}: {text!r} does not show [{value}]"
+    assert {default(option) for option in ("max_retries", "retry_backoff", "retry_backoff_max", "head_memory",
+                                           "hang_after", "exporter_port", "on_hang")} == {
+        "3", "10", "300", "2Gi", "900", "9477", "restart"}
+    assert "[900, as the alert rule]" in helps["hang_after"]
+    assert "[login name]" in helps["user"]
 
 
 @pytest.mark.parametrize(("size", "expected"), [("512Mi", 512 * 2**20), ("4Gi", 4 * 2**30), ("2G", 2 * 10**9),
@@ -229,6 +272,27 @@ def test_not_yaml_exit_2(tmp_path: Path):
     result = launcher("submit", "-f", str(spec), home=tmp_path)
     assert "not valid YAML" in result.stderr
     assert_nothing_started(tmp_path, result)
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (None, "cannot read: No such file or directory"),
+    (b"name: \xff\n", "not UTF-8 text (byte 6); save it as UTF-8"),
+    (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+    (b"- python train.py\n", "the top level must be a mapping of fields (name, entrypoint, ...), got list"),
+])
+def test_a_spec_file_that_cannot_be_read_is_named_with_what_is_wrong(tmp_path: Path, content, words):
+    spec = tmp_path / "job.yaml"
+    if content is not None:
+        spec.write_bytes(content)
+    with pytest.raises(SpecError) as error:
+        spec_from_options(spec, {"command": ("true",)})
+    assert f"job spec {spec}: {words}" in str(error.value)
+
+
+def test_an_empty_spec_file_is_an_empty_mapping(tmp_path: Path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("# nothing yet\n")
+    assert spec_from_options(spec, {"command": ("true",)}).entrypoint == "true"
 
 
 def test_a_taken_exporter_port_exit_2_before_any_node_starts(tmp_path: Path):

@@ -6,9 +6,12 @@ functions): what may depend on what.
 - a collector imports neither the server nor another collector: what collectors share goes
   through exporter/shared.py;
 - exporter/config.py is a leaf: no collector, no simulator;
-- alerts/ and dashboards/ never import the launcher;
+- the collectors read what NVML they are given: the simulator is chosen by exporter/plugins.py;
+- alerts/ and dashboards/ never import the launcher, nor each other;
 - the deploy agent, which runs on the nodes, imports only the standard library, Ray and the wire
-  contract;
+  contract (exporter/contract/wire.py);
+- the launcher's health package depends on the node-remedy protocol only, never on a backend (each
+  backend's remedy lives with it in launcher/backends/);
 - product code never imports the tests, the drills or the demo.
 """
 
@@ -26,8 +29,10 @@ PRODUCT = ("exporter", "launcher", "alerts", "dashboards")
 HARNESS = ("tests", "scripts", "bench", "examples")
 COLLECTORS = "exporter.collectors"
 AGENT = "launcher.deploy.raypulse_agent"
+CONTRACT = "exporter.contract"  # its __init__ imports nothing: `from exporter.contract import wire` loads wire only
+WIRE = "exporter.contract.wire"
 # Run in the training processes: the client's Ray Train helper and the RLlib callback may import ray.
-TRAINING_CLIENT = ("exporter.progress", "exporter.progress_rllib")
+TRAINING_CLIENT = ("exporter.progress.client", "exporter.progress.rllib")
 
 
 def module_name(path: Path) -> str:
@@ -91,8 +96,14 @@ def violations(modules: dict[str, Path]) -> list[str]:
                 found.append(f"{where}: product code never imports the tests, drills or demo")
             if within(name, "exporter") and (top == "launcher" or (top == "ray" and name not in TRAINING_CLIENT)):
                 found.append(f"{where}: the exporter imports neither the launcher nor Ray")
+            if within(name, "launcher.health") and (within(target, "launcher.backends")
+                                                    or within(target, "launcher.local")):
+                found.append(f"{where}: the health package depends on the remedy protocol only, never on a backend")
             if (within(name, "alerts") or within(name, "dashboards")) and top == "launcher":
                 found.append(f"{where}: alerts and dashboards never import the launcher")
+            if {top, name.split(".")[0]} == {"alerts", "dashboards"}:
+                found.append(f"{where}: alerts and dashboards never import each other (what both read is in the "
+                             f"exporter, e.g. {CONTRACT}.node_exporter)")
             if name == "exporter.config" and (within(target, COLLECTORS) or within(target, "exporter.collector")
                                               or within(target, "exporter.gpusim")):
                 found.append(f"{where}: exporter/config.py is a leaf (no collector, no simulator)")
@@ -100,14 +111,16 @@ def violations(modules: dict[str, Path]) -> list[str]:
             if area is not None:
                 if within(target, "exporter.server"):
                     found.append(f"{where}: a collector never imports the server")
+                if within(target, "exporter.gpusim"):
+                    found.append(f"{where}: a collector never imports the simulator (exporter/plugins.py chooses it)")
                 other = collector_area(target)
                 if other is not None and other != area and not any(within(target, h) for h in shared_helpers):
                     found.append(f"{where}: a collector never imports another collector's package")
                 if name in collector_modules and target in collector_modules and target != name:
                     found.append(f"{where}: a collector never imports another collector")
-            if within(name, AGENT) and top not in stdlib and top != "ray" and not within(target, "exporter.wire") \
-                    and target != "exporter" and not within(target, AGENT):
-                found.append(f"{where}: the deploy agent imports only the standard library, Ray and exporter.wire")
+            if within(name, AGENT) and top not in stdlib and top != "ray" and not within(target, WIRE) \
+                    and target not in ("exporter", CONTRACT) and not within(target, AGENT):
+                found.append(f"{where}: the deploy agent imports only the standard library, Ray and {WIRE}")
     return sorted(set(found))
 
 
@@ -122,9 +135,14 @@ def test_the_product_keeps_its_layers():
     ("exporter.collectors.ray.bad", "from ..gpu.collector import GpuCollector\n", "another collector's"),
     ("exporter.collectors.ray.bad", "from exporter import server\n", "never imports the server"),
     ("exporter.config", "from exporter.gpusim.models import model\n", "is a leaf"),
+    ("exporter.collectors.gpu.bad", "from exporter.gpusim.nvml import SimulatedNvml\n", "never imports the simulator"),
     ("alerts.bad", "def f():\n    from launcher.spec import JobSpec\n", "never import the launcher"),
     ("launcher.bad", "from scripts import stack\n", "never imports the tests"),
+    ("launcher.health.bad", "from launcher.local import LocalCluster\n", "never on a backend"),
+    ("launcher.health.bad", "from launcher.backends.existing import DrainRemedy\n", "never on a backend"),
     ("launcher.deploy.raypulse_agent.bad", "import psutil\n", "the deploy agent imports only"),
+    ("launcher.deploy.raypulse_agent.bad", "from exporter.contract import labels\n", "the deploy agent imports only"),
+    ("dashboards.bad", "from alerts.config import Config\n", "never import each other"),
 ])
 def test_the_check_finds_each_kind_of_violation(tmp_path: Path, module: str, source: str, rule: str):
     path = tmp_path / "bad.py"

@@ -11,12 +11,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from exporter import profiles, wire
+from exporter import profiles
 from exporter.cli import main
 from exporter.collector import load_collectors
 from exporter.config import ConfigError
-from exporter.plugins import load
-from exporter.server import Exporter, enabled_collectors
+from exporter.contract import wire
+from exporter.plugins import enabled_collectors, load
+from exporter.server import Exporter
 from exporter.shared import ServiceDiscovery, Shared
 
 NODE_COLLECTORS = {"cpu", "memory", "vmstat", "disk", "network", "pressure", "filesystem", "tcp", "processes",

@@ -24,7 +24,7 @@ import pytest
 from packaging.requirements import Requirement
 
 import launcher
-from exporter import wire
+from exporter.contract import wire
 from scripts.ports import free_port
 from tests.conftest import REPO, http_get, wait_until
 
@@ -84,7 +84,7 @@ def test_every_third_party_import_is_declared(package, extras):
     allowed = declared(*extras)
     missing = []
     for module, where in third_party_imports(package):
-        if module == "ray" and where in ("exporter/progress.py", "exporter/progress_rllib.py"):
+        if module == "ray" and where in ("exporter/progress/client.py", "exporter/progress/rllib.py"):
             continue  # the Ray Train helper and the RLlib callback: imported only in Ray's workers, where Ray is
         candidates = {normalize(name) for name in distributions.get(module, [module])}
         if not candidates & allowed:
@@ -229,7 +229,8 @@ def test_the_image_install_steps_give_a_working_exporter_without_ray(tmp_path):
     probe = ("import importlib, pkgutil, exporter\n"
              "names = [m.name for m in pkgutil.walk_packages(exporter.__path__, 'exporter.')\n"
              "         if not m.name.endswith('__main__')  # that one runs the command line\n"
-             "         and m.name != 'exporter.progress_rllib']  # RLlib's callback: runs where RLlib is\n"
+             "         and m.name not in ('exporter.progress.rllib', 'exporter.progress_rllib')]"
+             "  # RLlib's callback (and its first path): runs where RLlib is\n"
              "for name in names: importlib.import_module(name)\n"
              "assert importlib.util.find_spec('ray') is None\n"
              "print(len(names), exporter.__file__)")
@@ -262,7 +263,7 @@ def test_the_image_install_steps_give_a_working_exporter_without_ray(tmp_path):
         healthcheck = dict(stages()[-1])["HEALTHCHECK"].split("CMD", 1)[1].strip()
         command = ast.literal_eval(healthcheck)
         assert command[:2] == ["python", "-c"]
-        _run([str(python), "-c", f"from exporter import wire; wire.EXPORTER_PORT = {port}\n{command[2]}"],
+        _run([str(python), "-c", f"from exporter.contract import wire; wire.EXPORTER_PORT = {port}\n{command[2]}"],
              env=environment, cwd=tmp_path)
     finally:
         if server.poll() is None:

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from exporter.progress.store import SERIES_PER_JOB, SERIES_PER_RANK
 from tests.conftest import wait_until
 from tests.ray_testcluster import stop_process
 from tests.test_progress_endpoint import post, start_progress_exporter, train_series
@@ -45,7 +46,7 @@ def test_many_jobs_and_ranks_stay_within_the_series_budget(exporter):
     wait_until(lambda: rejected(train_series(exporter))["too_many_series"] == refused, 15,
                "every refusal to be counted")
     series = train_series(exporter)
-    assert value(series, "raypulse_train_refused_series", "_total") == refused * (1 + 50 * 16)
+    assert value(series, "raypulse_train_refused_series", "_total") == refused * (SERIES_PER_JOB + 50 * SERIES_PER_RANK)
     held = value(series, "raypulse_train_series")
     assert held <= MAX_SERIES
     assert value(series, "raypulse_train_series_limit") == MAX_SERIES
@@ -70,7 +71,7 @@ async def test_jobs_ray_says_ended_or_does_not_know_are_doubtful_and_let_go_afte
     from exporter.collectors.ray.job_ids import JobDirectory
     from exporter.collectors.ray.train import TrainCollector
     from exporter.config import load_config
-    from exporter.progress_store import parse_batch
+    from exporter.progress.store import parse_batch
 
     config = load_config({"progress": {"finished_grace_seconds": 60}}, environ={})
     collector = TrainCollector(config)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from exporter.config import ProgressSettings
-from exporter.progress_store import SERIES_PER_JOB, SERIES_PER_RANK, ProgressStore, Rejected, parse_batch
+from exporter.progress.store import SERIES_PER_JOB, SERIES_PER_RANK, ProgressStore, Rejected, parse_batch
 
 
 def report(**fields):

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from ray.dashboard.utils import to_camel_case as rays_to_camel_case
 
-from exporter import wire
 from exporter.collectors.ray import cluster, job_workload, jobs
 from exporter.collectors.ray.localray import Raylet, parse_raylet, watched
 from exporter.collectors.ray.process_info import Proc
 from exporter.collectors.ray.process_owners import Identity, parse_node_view, title_identity
 from exporter.collectors.ray.sd import deployed_ports, target_groups
+from exporter.contract import wire
 from exporter.snapshot import SampleSink
 from tests.conftest import REPO
 

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from dashboards import livecheck
-from exporter import wire
+from exporter.contract import wire
 from launcher import export, recording, report
 from launcher.errors import BadInput
 from launcher.state import RunRecord
@@ -190,10 +190,10 @@ def test_keeps_the_allowed_families_of_every_exporter_sd_lists_with_prometheus_l
     read = recording.read(tmp_path)
     assert not read.cut_short
     assert [end["reason"] for end in read.ends] == ["stopped"]
-    assert read.rounds == 4  # the recorder's first round, then three
+    assert read.rounds == 5  # the recorder's first round, then three, then the last one at stop()
     assert all(recording.allowed(s.name) or s.name == recording.UP for s in read.series.values())
     ups = {s.labels["node"]: s.values for s in read.select("up")}
-    assert ups == {"head": [1.0] * 4, "workers-1": [1.0] * 4, "workers-2": [1.0] * 4}
+    assert ups == {"head": [1.0] * 5, "workers-1": [1.0] * 5, "workers-2": [1.0] * 5}
     steps = {s.labels["rank"]: s for s in read.select("raypulse_train_step", submission_id=SUBMISSION)}
     assert sorted(steps) == ["0", "1"]
     assert steps["1"].values[0] >= 3.0
@@ -227,7 +227,7 @@ def test_an_exporter_that_comes_late_and_one_that_goes_away(tmp_path: Path, sim)
     read = recording.read(tmp_path)
     up = {s.labels["node"]: s.values for s in read.select("up")}
     assert up["workers-3"] == [1.0, 1.0, 0.0, 0.0]  # not in the first round, up twice, then gone
-    assert up["workers-1"] == [1.0] * 6
+    assert up["workers-1"] == [1.0] * 7  # and the last round, at stop()
     assert len(read.select("raypulse_gpu_up", node="workers-3")[0].values) == 2
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from exporter import wire
+from exporter.contract import wire
 from launcher import recording, report
 from launcher.errors import BadInput
 from launcher.state import AttemptRecord, EventRecord, RunRecord
@@ -165,7 +165,8 @@ class Chromium:
         charts = self._evaluate(session, """[...document.querySelectorAll('.chart')].map(d => {
             const r = d.getBoundingClientRect();
             return {id: d.id, title: d.dataset.title, x: r.left + scrollX, y: r.top + scrollY, width: r.width,
-                    height: r.height, traces: d.querySelectorAll('.scatterlayer .trace, .barlayer .trace').length};
+                    height: r.height, traces: d.querySelectorAll('.scatterlayer .trace, .barlayer .trace').length,
+                    links: d.querySelectorAll('svg.main-svg a').length};
         })""")
         size = self.send("Page.getLayoutMetrics", session=session)["cssContentSize"]
         shot = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": {
@@ -240,6 +241,7 @@ def check_page(page: Page, expected_charts: set[str]) -> None:
         assert chart["width"] > 100, chart
         assert chart["height"] > 100, chart
         assert chart["traces"] >= 1, f"{chart['id']} has no trace drawn"
+        assert chart["links"] == 0, f"{chart['id']} turned text into a link"  # plotly reads <a href> in text
         assert coloured_pixels(page.screenshot, chart) > 200, f"{chart['id']} looks blank in the screenshot"
 
 
@@ -319,6 +321,41 @@ def test_an_rl_run_gets_its_reward_phases_kl_and_truncation_drawn(tmp_path: Path
     assert "RL post-training" in path.read_text()
     with chromium() as browser:
         check_page(browser.open(path), {"attempts", "rl-reward", "rl-phases", "rl-kl", "rl-truncated"})
+
+
+HOSTILE = '<!--<script> & <a href="https://example.invalid/">click</a>'  # text an exporter or a job controls
+
+
+def test_json_in_the_page_escapes_markup_and_chart_text_stays_text(tmp_path: Path):
+    run = tmp_path / "runs" / "hostile-1"
+    record = record_of(run, state="FAILED", exit_code=1, finished_at=time.time())
+    record.events.append(EventRecord(time=time.time() - 30, kind="health.fault", attempt=1, message=HOSTILE))
+    (run / "run.json").write_text(record.model_dump_json())
+    text = report.render(run).read_text()
+    figures = text.partition('<script type="application/json" id="report-figures">')[2].partition("</script>")[0]
+    assert not {"<", ">", "&"} & set(figures)  # \u003c...: the HTML parser sees no markup, not even a comment
+    marker = json.loads(figures)["attempts"]["data"][-1]
+    assert marker["text"][-1:] == ["health.fault: &lt;!--&lt;script&gt; &amp; &lt;a href=\"https://example.invalid/\"&gt;"
+                              "click&lt;/a&gt;"]  # plotly shows entities as the characters, and no tag
+
+
+@needs_chromium
+def test_a_hostile_string_neither_blanks_the_report_nor_becomes_a_link(tmp_path: Path):
+    run = tmp_path / "runs" / "hostile-2"
+    record = record_of(run, state="FAILED", exit_code=1, finished_at=time.time())
+    record.events.append(EventRecord(time=time.time() - 30, kind="health.fault", attempt=1, message=HOSTILE))
+    (run / "run.json").write_text(record.model_dump_json())
+    lines: list[dict[str, Any]] = [
+        {"kind": "meta", "version": 1, "started": time.time() - 50, "interval": 1.0},
+        {"kind": "family", "name": "raypulse_train_step", "type": "gauge", "help": "step"}]
+    for rank in (0, 1):  # two curves: plotly draws a legend, where a name's <a href> would become a link
+        lines.append({"kind": "series", "id": rank, "family": "raypulse_train_step", "name": "raypulse_train_step",
+                      "labels": {"submission_id": HOSTILE, "rank": str(rank), "cluster": "c", "node": "n"}})
+    lines += [{"kind": "scrape", "t": time.time() - 50 + t, "s": [[0, float(t)], [1, float(t)]]} for t in range(5)]
+    (run / recording.FILE_NAME).write_bytes(gzip.compress("".join(json.dumps(line) + "\n" for line in lines).encode()))
+    path = report.render(run)
+    with chromium() as browser:
+        check_page(browser.open(path), {"attempts", "step", "throughput"})  # every script ran, no <a> drawn
 
 
 # --- the report of a real run ----------------------------------------------------------------------

@@ -42,8 +42,8 @@ def test_the_catalog_drills_every_rl_alert_in_seconds():
 
 
 def test_rllib_results_become_rl_iterations():
-    from exporter import wire
-    from exporter.progress_rllib import LENGTH_LIMIT, RETURN, RETURN_SQUARED, TRUNCATED, iteration_fields, phase_name
+    from exporter.contract import wire
+    from exporter.progress.rllib import LENGTH_LIMIT, RETURN, RETURN_SQUARED, TRUNCATED, iteration_fields, phase_name
 
     result = {"env_runners": {"num_episodes": 12, "num_env_steps_sampled": 400, "episode_return_mean": 30.0,
                               RETURN: 33.0, RETURN_SQUARED: 33.0**2 + 4.0**2, "episode_len_mean": 33.0,
@@ -66,7 +66,7 @@ def test_rllib_results_become_rl_iterations():
 def test_the_episode_limit_is_read_through_the_wrappers():
     import gymnasium as gym
 
-    from exporter.progress_rllib import _length_limit
+    from exporter.progress.rllib import _length_limit
 
     class Runner:
         env = gym.make_vec("CartPole-v1", num_envs=1, vectorization_mode="sync")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import wire
+from exporter.contract import wire
 from tests.conftest import REPO, RunningExporter, wait_until
 from tests.ray_testcluster import stop_process
 from tests.test_progress_client import job_config

@@ -11,10 +11,10 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import progress_store as store
-from exporter import wire
 from exporter.config import ProgressSettings
-from exporter.progress_store import ProgressStore, Rejected, parse_batch
+from exporter.contract import wire
+from exporter.progress import store
+from exporter.progress.store import ProgressStore, Rejected, parse_batch
 from tests.conftest import binary, free_port, wait_until
 from tests.ray_testcluster import stop_process
 from tests.test_progress_client import job_config, run_client
@@ -24,7 +24,7 @@ from tests.test_progress_endpoint import post, start_progress_exporter
 # replaced by one that keeps the batch.
 CAPTURE = """
     import json
-    from exporter import progress
+    from exporter.progress import client as progress
     sent = []
     def keep(connection, path, batch):
         sent.extend(batch)
@@ -127,7 +127,7 @@ def test_without_an_exporter_phases_never_block_and_are_counted():
 
 
 def test_a_large_rl_batch_is_split_under_the_request_limit():
-    from exporter import progress
+    from exporter.progress import client as progress
 
     entry = rl(phases={f"phase-{n:02d}-{'x' * 30}": {"seconds_total": 1e9 + n, "iteration_seconds": 1.0 / 3}
                        for n in range(16)})
@@ -225,7 +225,7 @@ def test_a_real_rl_loop_shows_up_in_metrics(exporter):
                                       kl=0.01, entropy=1.2, response_length_mean=700, response_length_max=1024,
                                       response_length_limit=1024, truncated_ratio=0.25, weight_sync_bytes=2**33)
         # a phase left running: the exporter shows since when
-        progress._phase_start("generate", None)
+        progress.client._phase_start("generate", None)
         assert progress.flush(5)
         print(json.dumps(progress.stats()))
     """, {"RAYPULSE_PROGRESS_URL": f"http://127.0.0.1:{exporter.progress_port}",

@@ -35,7 +35,7 @@ import pytest
 from alerts import build
 from alerts.config import DEFAULT
 from alerts.prometheus import config, render, rule_files
-from exporter import wire
+from exporter.contract import wire
 from scripts import hosts
 from tests.conftest import REPO, RunningPrometheus, binary, exporter_command, http_get, wait_until
 from tests.ray_testcluster import FAST, RAY

@@ -1,4 +1,4 @@
-"""The wire contract (exporter/wire.py): names that round-trip, and the one Ray token lookup that the
+"""The wire contract (exporter/contract/wire.py): names that round-trip, and the one Ray token lookup that the
 launcher and the exporter share."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import wire
 from exporter.collectors.ray.dashboard import ray_token
+from exporter.contract import wire
 from launcher.errors import BadInput
 from launcher.jobs import read_token
 
@@ -69,8 +69,11 @@ def test_both_sides_use_the_one_lookup(tmp_path: Path, monkeypatch, caplog):
     assert read_token(None) == "home-token" == ray_token()
 
 
-def test_the_contract_needs_nothing_but_the_standard_library():
-    code = ("import sys\nbefore = set(sys.modules)\nimport exporter.wire\n"
+# The wire contract (the deploy agent imports it on the nodes) and the progress client (training code
+# imports it): the progress package's endpoint and store (aiohttp, pydantic) stay out of it.
+@pytest.mark.parametrize("module", ["exporter.contract.wire", "exporter.progress"])
+def test_the_contract_needs_nothing_but_the_standard_library(module):
+    code = (f"import sys\nbefore = set(sys.modules)\nimport {module}\n"
             "third = {m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)\n"
             "assert third == {'exporter'}, third\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -1,0 +1,78 @@
+"""The health checks run beside the run's follow loop: the loop never waits for a check, checks run while it
+polls and stop when it pauses, and a check longer than its interval is said (health.check_slow), not a lost
+cluster."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.display import PlainReporter
+from launcher.healing import Healing
+from launcher.health.exporters import Target
+from launcher.health.policy import HealthPolicy
+from launcher.journal import Journal
+from launcher.state import RunRecord
+from tests.broken_exporters import TRAIN_STEP, ExporterLike
+from tests.conftest import wait_until
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAYPULSE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def healing(targets, interval: float = 0.5) -> tuple[Healing, RunRecord]:
+    record = RunRecord(run_id="r-1", name="r", backend="local", max_attempts=2)
+    journal = Journal(PlainReporter(), record)
+    policy = HealthPolicy(check_interval_seconds=interval, hang_after_seconds=60, stacks=False)
+    heal = Healing(policy, journal, targets)
+    journal.emit("attempt.submitted", attempt=1, submission_id="r-1-a1", address="http://h", entrypoint="x")
+    heal.watch(1, "r-1-a1")
+    return heal, record
+
+
+def test_a_slow_check_never_holds_the_poll_and_is_said_once(home: Path):
+    release = time.monotonic() + 1.5
+
+    def slow_targets() -> list[Target]:  # the listing of exporters takes longer than the check interval
+        time.sleep(max(0.0, release - time.monotonic()))
+        return []
+
+    heal, record = healing(slow_targets)
+    try:
+        polls = []
+        while time.monotonic() < release + 1:
+            began = time.monotonic()
+            assert heal.poll({"job_id": None}) is None
+            polls.append(time.monotonic() - began)
+            time.sleep(0.05)
+        wait_until(lambda: any(event.kind == "health.check_slow" for event in record.events), 5, "check_slow")
+    finally:
+        heal.close()
+    # The poll returns what is decided; it never runs a check itself (a check here took 1.5 s).
+    assert max(polls) < 1.0
+    slow = [event for event in record.events if event.kind == "health.check_slow"]
+    assert len(slow) == 1
+    assert slow[0].details["interval"] == 0.5
+
+
+def test_checks_run_beside_the_loop_while_it_polls_and_stop_when_it_pauses(home: Path):
+    with ExporterLike(TRAIN_STEP) as server:
+        heal, record = healing(lambda: [Target("head", server.url)])
+        try:
+            heal.poll(None)
+            wait_until(lambda: heal.watcher.last is not None, 10, "a check beside the loop")
+            assert heal.watcher.last is not None
+            assert [read.ok for read in heal.watcher.last.reads] == [True]
+            heal.pause()
+            time.sleep(0.6)  # a check already under way ends
+            checked = heal.watcher.last
+            time.sleep(1.2)  # two intervals: paused, no check runs
+            assert heal.watcher.last is checked
+        finally:
+            heal.close()
+    assert not [event for event in record.events if event.kind == "health.check_failed"]

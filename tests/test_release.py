@@ -1,0 +1,85 @@
+"""The release (.github/workflows/release.yml) and `make release-check` (scripts/release_check.py): the
+workflow is valid against GitHub's schema, its tag filter, image name and registry are the code's, and
+in the slow lane the whole check runs (sdist and wheel built, `twine check`)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter import __version__
+from exporter.manifests import DEFAULT_IMAGE
+from scripts import release_check
+from tests.conftest import REPO
+
+
+def workflow() -> dict:
+    return yaml.safe_load(release_check.RELEASE.read_text())
+
+
+def dockerfile() -> str:
+    return (REPO / "Dockerfile").read_text()
+
+
+def test_the_workflow_the_dockerfile_and_the_code_agree_on_the_version_and_the_image():
+    assert release_check.name_problems(workflow(), dockerfile()) == []
+    assert f"{workflow()['env']['IMAGE']}:{__version__}" == DEFAULT_IMAGE
+
+
+def test_the_tag_must_equal_the_version_before_anything_is_published():
+    jobs = workflow()["jobs"]
+    step = next(step for step in jobs["dist"]["steps"] if step.get("id") == "version")
+    assert '"$GITHUB_REF_NAME" != "$version"' in step["run"]
+    assert "exit 1" in step["run"]
+    assert jobs["pypi"]["needs"] == jobs["image"]["needs"] == "dist"
+    assert jobs["pypi"]["permissions"] == {"id-token": "write"}  # trusted publishing, no token
+    assert jobs["pypi"]["environment"]["name"] == "pypi"
+
+
+@pytest.mark.parametrize(("pattern", "tag", "matches"), [
+    ("[0-9]+.[0-9]+.[0-9]+*", "0.1.0", True),
+    ("[0-9]+.[0-9]+.[0-9]+*", "10.2.3rc1", True),
+    ("[0-9]+.[0-9]+.[0-9]+*", "v0.1.0", False),
+    ("[0-9]+.[0-9]+.[0-9]+*", "0.1", False),
+    ("v*", "v1.0", True),
+    ("v*", "v1/0", False),
+    ("release/**", "release/a/b", True),
+])
+def test_github_tag_filters_as_github_reads_them(pattern, tag, matches):
+    assert bool(release_check.github_filter(pattern).fullmatch(tag)) is matches
+
+
+def test_a_name_that_drifts_is_reported():
+    drifted = copy.deepcopy(workflow())
+    drifted["env"]["IMAGE"] = "docker.io/someone/raypulse-exporter"
+    drifted[True]["push"]["tags"] = ["v*"]
+    problems = release_check.name_problems(drifted, dockerfile().replace(f"ARG VERSION={__version__}",
+                                                                        "ARG VERSION=9.9.9"))
+    assert any("env IMAGE" in problem for problem in problems)
+    assert any("tag filter" in problem for problem in problems)
+    assert any("Dockerfile" in problem for problem in problems)
+
+
+def test_check_jsonschema_refuses_a_broken_workflow(tmp_path: Path):
+    assert release_check.workflow_problems() == []
+    broken = copy.deepcopy(workflow())
+    broken["jobs"]["dist"]["runs_on"] = broken["jobs"]["dist"].pop("runs-on")
+    path = tmp_path / "release.yml"
+    path.write_text(yaml.safe_dump({"on" if key is True else key: value for key, value in broken.items()}))
+    checker = Path(sys.executable).parent / "check-jsonschema"
+    result = subprocess.run([str(checker), "--builtin-schema", "vendor.github-workflows", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0, result.stdout
+
+
+@pytest.mark.slow
+def test_make_release_check_passes():
+    """What `make release-check` runs: the build, `twine check`, the workflow schema and the names."""
+    result = subprocess.run([sys.executable, "-m", "scripts.release_check"], cwd=REPO, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
