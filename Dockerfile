@@ -51,8 +51,8 @@ USER 1000:100
 WORKDIR /tmp
 EXPOSE 9477
 # Kubernetes ignores HEALTHCHECK (the manifests' probes ask /healthz and /readyz); docker and podman
-# use it. The port and path come from exporter/wire.py; the default --listen serves on them.
+# use it. The port and path come from exporter/contract/wire.py; the default --listen serves on them.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; from exporter import wire; urllib.request.urlopen(f'http://127.0.0.1:{wire.EXPORTER_PORT}{wire.HEALTH_PATH}', timeout=4)"]
+    CMD ["python", "-c", "import urllib.request; from exporter.contract import wire; urllib.request.urlopen(f'http://127.0.0.1:{wire.EXPORTER_PORT}{wire.HEALTH_PATH}', timeout=4)"]
 ENTRYPOINT ["exporter"]
 CMD ["serve"]

@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter chromium
 
-.PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint bench-progress docs dashboards \
-	alerts drill rl-drill heal-drill clean
+.PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint bench-progress bench-selection bench-scale docs dashboards \
+	alerts drill rl-drill heal-drill heal-soak release-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,16 @@ bench-launch: install
 bench-progress: install
 	$(PY) -m bench.progress_client
 
+# Reading a few families (`/metrics?name[]=...`, 304s) against the whole /metrics: docs/benchmarks.md.
+bench-selection: install system-deps
+	$(PY) -m bench.selection
+
+# raypulse at cluster scale (issue 26), beside HEAD's code: docs/scale.md.
+SCALE_BASE ?= /tmp/raypulse-scale-base
+bench-scale: install
+	rm -rf $(SCALE_BASE) && mkdir -p $(SCALE_BASE) && git archive HEAD | tar -x -C $(SCALE_BASE)
+	$(PY) -m bench.scale --section launcher --sizes 10,100,500,2000 --baseline $(SCALE_BASE)
+
 docs: install
 	$(VENV)/bin/exporter metrics --format markdown --output docs/metrics.md
 	$(VENV)/bin/exporter config-reference --output docs/configuration.md
@@ -68,10 +78,12 @@ docs: install
 # Grafana dashboards: dashboards/json/*.json, dashboards/provisioning/ and docs/dashboards.md from dashboards/boards/.
 dashboards: install
 	$(PY) -m dashboards.build
+	$(VENV)/bin/exporter manifests --kustomize exporter/kustomize  # the kustomize base carries the dashboards
 
 # Alert rules: alerts/rules/*.yaml and docs/alerts.md from alerts/groups/ and alerts/config.py.
 alerts: install
 	$(PY) -m alerts.build
+	$(VENV)/bin/exporter manifests --kustomize exporter/kustomize  # the kustomize base carries the rules
 
 # The alert fault drill (a real Ray cluster, Prometheus, Alertmanager): writes docs/alerts-drill.md.
 drill: install system-deps
@@ -84,6 +96,17 @@ rl-drill: install system-deps
 # The healing drill (real Ray clusters, one fault each): writes docs/healing-drill.md.
 heal-drill: install system-deps
 	flock /tmp/raypulse-ray.lock $(PY) -m scripts.heal_drill --output docs/healing-drill.md
+
+# The healing soak (one 30-minute run of examples/train.py, a fault every 10 minutes, its effective
+# training time ratio): writes the Soak section of docs/healing-drill.md.
+heal-soak: install system-deps
+	flock /tmp/raypulse-ray.lock $(PY) -m scripts.heal_drill.soak --output docs/healing-drill.md $(ARGS)
+
+# What the release workflow (.github/workflows/release.yml) does, short of publishing: sdist and wheel
+# built into a temporary directory, `twine check`, the workflow against its schema, and the version, the
+# tag filter and the image name agreeing (scripts/release_check.py).
+release-check: install
+	$(PY) -m scripts.release_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .demo

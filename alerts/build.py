@@ -4,7 +4,7 @@
                                            # compat rules and doc (alerts/dcgm_compat.py)
     python -m alerts.build --check         # exit 1 if the committed files differ from the builder's
     python -m alerts.build --scale 0.033 --out /tmp/drill-rules   # the drill variant (see README)
-    python -m alerts.build --label-profile kuberay --out DIR    # another label contract (exporter/labels.py):
+    python -m alerts.build --label-profile kuberay --out DIR    # another label contract (exporter/contract/labels.py):
     python -m alerts.build --cluster-label ray_io_cluster --out DIR   # the same, one name at a time
 
 The drill variant is the same rule text with every duration of alerts/config.py multiplied by
@@ -24,7 +24,7 @@ from alerts.config import DEFAULT, Config
 from alerts.groups import groups
 from alerts.model import Alert, Group, Record
 from alerts.prometheus import RULES_DIR
-from exporter import labels
+from exporter.contract import labels
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "alerts.md"

@@ -16,8 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from exporter.labels import DEFAULT as DEFAULT_LABELS
-from exporter.labels import LabelContract
+from exporter.contract.labels import DEFAULT as DEFAULT_LABELS
+from exporter.contract.labels import LabelContract
 
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -177,7 +177,7 @@ TUNING: dict[str, Tune] = {
 
 @dataclass(frozen=True)
 class Config:
-    # The label contract (exporter/labels.py): the cluster and node label names, the scrape job whose
+    # The label contract (exporter/contract/labels.py): the cluster and node label names, the scrape job whose
     # `up` series the rules select (alerts/prometheus.py names the scrape job so; nothing else uses it,
     # our metric names are unique) and where docs/runbooks.md is published. Shared with dashboards.build
     # and `exporter manifests`; `LabelContract(cluster="ray_io_cluster")` is KubeRay's naming.

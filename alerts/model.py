@@ -3,7 +3,7 @@
 A group module returns a Group; `Group.render(config)` gives the dict that becomes YAML. The
 runbook link is added here, uniformly (`<runbook_base>#<alertname lowercased>`), as
 kubernetes-mixin's add-runbook-links does, so no rule spells one out; and here every expression and
-annotation goes through the label contract (`config.labels`, exporter/labels.py), so the groups
+annotation goes through the label contract (`config.labels`, exporter/contract/labels.py), so the groups
 spell `cluster` and `node` and a contract with other names renames them all.
 """
 
@@ -54,7 +54,7 @@ class Alert:
     tuning_key: str = ""  # defaults to the name
 
     def render(self, config: Config) -> dict[str, Any]:
-        labels = config.labels  # every label name through the contract (exporter/labels.py)
+        labels = config.labels  # every label name through the contract (exporter/contract/labels.py)
         rule: dict[str, Any] = {"alert": self.name, "expr": labels.promql(promql(self.expr))}
         for_ = config.tune(self.tuning_key or self.name).for_
         if for_.seconds:

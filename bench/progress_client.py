@@ -1,4 +1,4 @@
-"""What the progress client (exporter/progress.py) costs the training loop that calls it, per call.
+"""What the progress client (exporter/progress/client.py) costs the training loop that calls it, per call.
 
 A loop does a trivial unit of work (--work multiply-adds in pure Python, about 4 microseconds) and,
 in turn: nothing (the bare loop), `progress.report(step, loss=...)`, `with progress.phase("x")` (two

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import wire
+from exporter.contract import wire
 from scripts.ports import free_port
 from tests.ray_testcluster import RayCluster, start_cluster, start_exporter, stop_process
 

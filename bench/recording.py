@@ -31,7 +31,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from exporter import wire
+from exporter.contract import wire
 from launcher import recording
 from scripts.ports import free_port
 

@@ -3,7 +3,7 @@
     python -m dashboards.build           # dashboards/json/*.json, dashboards/provisioning/, docs/dashboards.md
     python -m dashboards.build --check   # exit 1, naming them, if the committed files differ
     python -m dashboards.build --label-profile kuberay --out DIR   # only the JSON, with another label
-    python -m dashboards.build --cluster-label ray_io_cluster --out DIR   # contract (exporter/labels.py)
+    python -m dashboards.build --cluster-label ray_io_cluster --out DIR   # contract (exporter/contract/labels.py)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dashboards import builder, docs, provisioner
 from dashboards.boards import BOARDS
-from exporter import labels
+from exporter.contract import labels
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "dashboards.md"

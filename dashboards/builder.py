@@ -46,8 +46,8 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat  # noqa: E4
 
 from dashboards.model import Board, Panel, Target  # noqa: E402
 from dashboards.selectors import VARIABLES  # noqa: E402
-from exporter.labels import DEFAULT as DEFAULT_LABELS  # noqa: E402
-from exporter.labels import LabelContract  # noqa: E402
+from exporter.contract.labels import DEFAULT as DEFAULT_LABELS  # noqa: E402
+from exporter.contract.labels import LabelContract  # noqa: E402
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAG = "raypulse"
@@ -152,7 +152,7 @@ def _variables(board: Board) -> list[Any]:
 
 def build(board: Board, labels: LabelContract = DEFAULT_LABELS) -> dict[str, Any]:
     """The dashboard as a JSON-ready dict. The boards spell the default label names; `labels` (the
-    label contract, exporter/labels.py) renames them in every query, variable, legend and link."""
+    label contract, exporter/contract/labels.py) renames them in every query, variable, legend and link."""
     dashboard = (sdk.Dashboard(board.title).uid(board.uid).description(board.description)
                  .tags([TAG, *board.tags]).readonly().tooltip(DashboardCursorSync.CROSSHAIR)
                  .time("now-1h", "now").refresh("30s").timezone("browser")

@@ -6,7 +6,7 @@ from dashboards import promql
 from dashboards.model import Board, Panel
 from dashboards.provisioner import CONTAINER_DASHBOARDS, DATASOURCE_UID
 from dashboards.selectors import VARIABLES
-from exporter.wire import NODE_EXPORTER_JOB, NODE_EXPORTER_PORT
+from exporter.contract.wire import NODE_EXPORTER_JOB, NODE_EXPORTER_PORT
 
 INTRO = f"""# Dashboards
 

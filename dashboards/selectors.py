@@ -14,15 +14,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from exporter import node_exporter
 from exporter.catalog import CATALOG, MetricSpec
 from exporter.collector import load_collectors
+from exporter.contract import node_exporter
 
 # Labels Prometheus attaches to every series it scrapes from our exporters (see exporter/collectors/ray/sd.py).
 TARGET_LABELS = frozenset({"job", "instance", "cluster", "node", "role", "ray_node_id"})
 # Series that are not ours but that dashboards read: Prometheus's own, with the labels we filter on.
 # ALERTS keeps the labels of the alert's expression; ours keep these where the expression has them.
-# node_exporter's get the same target labels from /sd (exporter/node_exporter.py).
+# node_exporter's get the same target labels from /sd (exporter/contract/node_exporter.py).
 FOREIGN = {"up": TARGET_LABELS,
            "ALERTS": frozenset({"cluster", "node", "gpu", "submission_id", "alertname", "alertstate", "severity",
                                 "scope"}),

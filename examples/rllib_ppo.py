@@ -22,7 +22,7 @@ import ray
 from ray.rllib.algorithms.ppo import PPOConfig
 
 try:  # raypulse's RLlib callback; the example still trains without raypulse installed
-    from exporter.progress_rllib import RaypulseCallback
+    from exporter.progress.rllib import RaypulseCallback
 except ImportError:  # pragma: no cover - an environment without raypulse
     RaypulseCallback = None
 

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from exporter import wire
+from exporter.contract import wire
 from scripts.ports import port_free
 
 REPO = Path(__file__).resolve().parent.parent

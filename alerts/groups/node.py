@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from alerts.config import Config
 from alerts.model import AT_NODE, Alert, Group, Record, cap
-from exporter import node_exporter as ne
+from exporter.contract import node_exporter as ne
 
 AVAIL_RATIO = "mountpoint:raypulse_node_filesystem_avail_bytes:ratio"
 SAME_TARGET = "on (job, instance, mountpoint)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dashboards.boards.common import NOT_IDLE, UID_CLUSTER, UID_JOB, UID_NODE, rate, to_gpu, to_node
 from dashboards.model import Board, Link, Panel, Row, Target
 from dashboards.selectors import Scope
-from exporter import node_exporter
+from exporter.contract import node_exporter
 
 S = Scope("cluster")
 CRITICAL_XIDS = "48|61|62|63|64|74|79|92|94|95|119|120|140"  # as alerts/: reset or service needed
@@ -20,7 +20,7 @@ def _table_link(uid: str, variable: str, column: str, title: str) -> Link:
 
 
 def _either(ours: str, theirs: str) -> str:
-    """Per node, raypulse's node series or node_exporter's (exporter/node_exporter.py)."""
+    """Per node, raypulse's node series or node_exporter's (exporter/contract/node_exporter.py)."""
     return node_exporter.either(ours, theirs, S("raypulse_exporter_build_info"))
 
 
@@ -137,8 +137,11 @@ EXPORTERS = Row("Exporters", (
         "Collectors whose last run failed, and collectors whose run is past its deadline.", min=0),
     Panel("Collector errors", "ops", (
         Target(f"sum by ({PER_NODE}, collector, kind) ({rate(S('raypulse_exporter_collector_errors_total'))})",
-               "{{node}} {{collector}} {{kind}}"),),
-        "Collector errors per second by kind.", min=0),
+               "{{node}} {{collector}} {{kind}}"),
+        Target(f"sum by ({PER_NODE}, resource) ({rate(S('raypulse_ray_state_truncations_total'))})",
+               "{{node}} Ray cut a {{resource}} read")),
+        "Collector errors per second by kind, and the head's State API reads Ray cut at 10,000 rows (the "
+        "series built from them are left out; the head's log says which).", min=0),
     Panel("Collector run time vs interval", "s", (
         Target(S("raypulse_exporter_collector_duration_seconds"), "{{node}} {{collector}}"),
         Target(f"max by (collector) ({S('raypulse_exporter_collector_interval_seconds')})", "{{collector}} interval")),

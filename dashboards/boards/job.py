@@ -8,7 +8,7 @@ from __future__ import annotations
 from dashboards.boards.common import NOT_IDLE, STATES, UID_JOB, rate, to_gpu, to_node, to_training
 from dashboards.model import Board, Panel, Row, Target
 from dashboards.selectors import Scope
-from exporter import node_exporter as ne
+from exporter.contract import node_exporter as ne
 
 S = Scope("cluster", "submission")
 C = Scope("cluster")  # node and GPU families: no job label; joined with the job's processes
@@ -26,7 +26,7 @@ def on_job_nodes(expr: str) -> str:
 
 def on_job_hosts(expr: str) -> str:
     """`expr` (per cluster and node) for each node where the job has processes: node_exporter's
-    series (exporter/node_exporter.py) share only those labels with the job's, not `instance`.
+    series (exporter/contract/node_exporter.py) share only those labels with the job's, not `instance`.
     The max keeps one series per node where several exporters carry its name."""
     return (f"group by (cluster, node, submission_id) ({S('raypulse_job_processes')} > 0) "
             f"* on (cluster, node) group_left () max by (cluster, node) ({expr})")

@@ -3,14 +3,14 @@ four, then a collapsed row per subsystem) from raypulse_node_* and raypulse_pod_
 Ray runs on the node (its processes by job, the object store).
 
 Panels on what node_exporter reads too (CPU, memory, vmstat, disks, network, pressure) read its
-series for nodes whose exporter leaves those to it (exporter/node_exporter.py)."""
+series for nodes whose exporter leaves those to it (exporter/contract/node_exporter.py)."""
 
 from __future__ import annotations
 
 from dashboards.boards.common import NOT_IDLE, NOT_IDLE_ONLY, NOT_LOOPBACK, UID_NODE, rate, to_job
 from dashboards.model import Board, Panel, Row, Target
 from dashboards.selectors import Scope
-from exporter import node_exporter as ne
+from exporter.contract import node_exporter as ne
 
 S = Scope("cluster", "node")
 BY = "cluster, node"

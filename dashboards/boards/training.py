@@ -112,6 +112,14 @@ CHECKPOINTS = Row("Checkpoints", collapsed=False, panels=(
     Panel("Checkpoint save time", "s", (
         Target(S("raypulse_train_checkpoint_duration_seconds"), RANK),),
         "How long each rank's last checkpoint save took (progress.checkpoint() times it).", width=6, min=0),
+    Panel("First step of the attempt", "short", (
+        Target(f"min by ({PER_JOB}) ({S('raypulse_train_first_step')})", JOB),),
+        "The step each job (each attempt of a launcher run is one) started at: 1, or the step after the "
+        "checkpoint it resumed from.", width=12, min=0),
+    Panel("Time since the attempt's first step", "s", (
+        Target(f"time() - min by ({PER_JOB}) ({S('raypulse_train_first_progress_time_seconds')})", JOB),),
+        "How long each job has been training, from the first step it reported (its start-up left out).",
+        width=12, min=0),
 ))
 
 HEALING = Row("Healing", collapsed=False, panels=(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from alerts import build
 from alerts.config import DEFAULT
-from exporter import wire
+from exporter.contract import wire
 from scripts import stack
 from scripts.drill.faults import QUICK, Context, Expect, Fault, catalog
 from scripts.ports import free_port, free_port_range

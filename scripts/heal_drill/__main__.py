@@ -10,8 +10,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from scripts.heal_drill.report import render
+from scripts.heal_drill.report import render, section_of
 from scripts.heal_drill.run import SCENARIOS, run, to_json
+
+SOAK_SECTION = "## Soak"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,8 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args(argv)
     report = run(quick=args.quick, only=args.only, log=lambda line: print(f"heal-drill: {line}", flush=True))
-    if args.output:
-        args.output.write_text(render(report))
+    if args.output:  # the soak's section (`make heal-soak`) stays
+        soak = section_of(args.output.read_text(), SOAK_SECTION) if args.output.exists() else None
+        args.output.write_text(render(report) + (f"\n{soak}" if soak else ""))
     if args.json:
         args.json.write_text(to_json(report))
     print(render(report))

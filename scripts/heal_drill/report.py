@@ -49,9 +49,11 @@ def render(report: Report) -> str:
         "backoff.",
         "",
         "Detected: from the injection to the watcher's `health.fault` event. Recovered: from the injection to "
-        "the first step of the attempt that replaced the faulty one (for a job that reports no steps: to its "
-        f"start), which must stay within the detection threshold + {RECOVERY_SLACK_S:g}s. Steps lost: the steps "
-        "redone (at most one checkpoint interval, 10). The healthy run must not restart at all.",
+        "the first step of the attempt that replaced the faulty one, when the job made it (as it reported it; "
+        "for a job that reports no steps: to the attempt's start), which must stay within the detection "
+        f"threshold + {RECOVERY_SLACK_S:g}s. Steps lost: the last step before the fault less the checkpoint step "
+        "the new attempt resumed from (at most one checkpoint interval, 10). The healthy run must not restart "
+        "at all.",
         "",
         "| scenario | fault injected | detected | recovered | steps lost | restarts | final state | effective "
         "training | ok | what the launcher said and did |",
@@ -60,3 +62,35 @@ def render(report: Report) -> str:
     lines += [_row(outcome) for outcome in report.outcomes]
     lines += ["", f"Result: **{'PASSED' if report.ok else 'FAILED'}**", ""]
     return "\n".join(lines)
+
+
+def _bounds(lines: list[str], heading: str) -> tuple[int, int] | None:
+    """Where `heading`'s section is in `lines`: its heading line to the next heading of its level or above."""
+    level = len(heading) - len(heading.lstrip("#"))
+    start = next((index for index, line in enumerate(lines) if line.rstrip() == heading), None)
+    if start is None:
+        return None
+    end = next((index for index in range(start + 1, len(lines))
+                if lines[index].startswith("#") and len(lines[index]) - len(lines[index].lstrip("#")) <= level),
+               len(lines))
+    return start, end
+
+
+def section_of(text: str, heading: str) -> str | None:
+    """The section of Markdown `text` under `heading` (e.g. "## Soak"), heading included; None if absent."""
+    lines = text.splitlines()
+    bounds = _bounds(lines, heading)
+    return None if bounds is None else "\n".join(lines[bounds[0]:bounds[1]]).rstrip("\n") + "\n"
+
+
+def replace_section(text: str, heading: str, section: str) -> str:
+    """Markdown `text` with its `heading` section replaced by `section` (appended if it has none); the
+    rest of the file as it was. The drill and the soak share docs/healing-drill.md this way."""
+    lines = text.splitlines()
+    bounds = _bounds(lines, heading)
+    new = section.rstrip("\n").splitlines()
+    if bounds is None:
+        kept = "\n".join(lines).rstrip("\n")
+        return (kept + "\n\n" if kept else "") + "\n".join(new) + "\n"
+    before, after = lines[:bounds[0]], lines[bounds[1]:]
+    return "\n".join([*before, *new, *(["", *after] if after else [])]).rstrip("\n") + "\n"

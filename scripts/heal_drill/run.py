@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 import launcher
-from exporter import wire
+from exporter.contract import wire
 from exporter.gpusim import control as gpus
 from launcher.state import RunRecord
 from scripts.ports import free_port_range
@@ -112,15 +112,15 @@ def _stop_ranks(ranks: str) -> Callable[[Context], None]:
     return inject
 
 
-def _xid79(context: Context) -> None:
-    ref = next(ref for ref in context.cluster.exporters if ref.node == "workers-1")
-    gpus.update(Path(ref.gpu_control), lambda document: gpus.gpu_entry(document, 0).events.append(
-        gpus.Event(seq=1, type="xid", data=79)))
+def inject_xid(cluster: Any, node: str, xid: int = 79) -> None:
+    """An XID event on GPU 0 of `node` of a local cluster with simulated GPUs (through its control file)."""
+    ref = next(ref for ref in cluster.exporters if ref.node == node)
+    gpus.update(Path(ref.gpu_control), lambda document: gpus.append_event(gpus.gpu_entry(document, 0), "xid", xid))
 
 
-def _kill_node(context: Context) -> None:
+def kill_node(cluster: Any, node: str) -> None:
     """SIGKILL a worker node whole: its `ray start --block` session (raylet, workers, agents)."""
-    ref = next(ref for ref in context.cluster.processes if ref.node == "workers-2" and ref.role == "worker")
+    ref = next(ref for ref in cluster.processes if ref.node == node and ref.role == "worker")
     os.killpg(ref.pid, signal.SIGKILL)
 
 
@@ -129,8 +129,10 @@ SCENARIOS = [
     Scenario("all-ranks-hung", "hang", "SIGSTOP to every rank", HANG_AFTER_S, _stop_ranks("all"), quick=True),
     Scenario("one-rank-hung", "hang", "SIGSTOP to rank 1 (rank 0 then blocks in the step's collective)",
              HANG_AFTER_S, _stop_ranks("one")),
-    Scenario("xid-79", "gpu_fault", "XID 79 (fallen off the bus) on workers-1's GPU", CHECK_S, _xid79, quick=True),
-    Scenario("node-killed", "node_lost", "SIGKILL to workers-2 (its whole Ray node)", CHECK_S, _kill_node),
+    Scenario("xid-79", "gpu_fault", "XID 79 (fallen off the bus) on workers-1's GPU", CHECK_S,
+             lambda context: inject_xid(context.cluster, "workers-1"), quick=True),
+    Scenario("node-killed", "node_lost", "SIGKILL to workers-2 (its whole Ray node)", CHECK_S,
+             lambda context: kill_node(context.cluster, "workers-2")),
     Scenario("nan-loss", "nonfinite_loss", "rank 0 reports a NaN loss", CHECK_S,
              lambda context: context.control("nan", attempt=1, step=INJECT_AT_STEP)),
     Scenario("silent-job", "hang", "a job that prints but reports no progress goes quiet", SILENCE_AFTER_S,

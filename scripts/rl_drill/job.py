@@ -34,7 +34,7 @@ from ray.tune.registry import register_env
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from rllib_ppo import build_config  # the example is a script, not a package
 
-from exporter.progress_rllib import RaypulseCallback
+from exporter.progress.rllib import RaypulseCallback
 
 ENV = "raypulse-drill-cartpole"
 DEFAULT_LIMIT = 100_000

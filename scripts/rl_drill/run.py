@@ -20,7 +20,7 @@ from pathlib import Path
 
 from alerts.build import rule_files
 from alerts.config import DEFAULT, Config
-from exporter import wire
+from exporter.contract import wire
 from scripts import stack
 from scripts.drill import run as drill
 from scripts.drill.faults import Expect, Fault
