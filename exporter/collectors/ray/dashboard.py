@@ -168,12 +168,17 @@ class DashboardSession:
                                              f"{body[:200].decode(errors='replace')}")
                     self.bytes_read += len(body)
                     return body
-            except TimeoutError:
-                raise DashboardError("timeout", f"{path} took longer than {self._timeout.total:g}s") from None
-            except aiohttp.ClientConnectionError as exc:
-                raise DashboardError("unreachable", f"{url}: {exc}") from None
-            except aiohttp.ClientError as exc:
-                raise DashboardError("http", f"{path}: {exc}") from None
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise self._error(exc, url) from None
+
+    def _error(self, exc: BaseException, url: str) -> DashboardError:
+        """One reason per transport failure (the collectors count errors by it)."""
+        where = url.removeprefix(self.base_url)
+        if isinstance(exc, TimeoutError):
+            return DashboardError("timeout", f"{where} took longer than {self._timeout.total:g}s")
+        if isinstance(exc, aiohttp.ClientConnectionError):
+            return DashboardError("unreachable", f"{url}: {exc}")
+        return DashboardError("http", f"{where}: {exc}")
 
     async def text(self, path: str, params: Sequence[tuple[str, str]] | Mapping[str, str] = ()) -> str:
         return (await self._get(self.base_url + path, params)).decode(errors="replace")
@@ -229,12 +234,8 @@ class DashboardSession:
                     body = await response.read()
                     self.bytes_read += len(body)
                     return body.decode(errors="replace")
-            except TimeoutError:
-                raise DashboardError("timeout", f"{url} took longer than {self._timeout.total:g}s") from None
-            except aiohttp.ClientConnectionError as exc:
-                raise DashboardError("unreachable", f"{url}: {exc}") from None
-            except aiohttp.ClientError as exc:
-                raise DashboardError("http", f"{url}: {exc}") from None
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise self._error(exc, url) from None
 
 
 def _parse(body: bytes) -> Any:
