@@ -63,6 +63,9 @@ SPEC_OPTIONS: dict[str, str] = {
     "progress_port": "progress_port",
     "token_path": "token_path",
     "namespace": "namespace",
+    "context": "context",
+    "pod_template": "pod_template",
+    "no_sidecar": "sidecar",
     "queue": "queue",
     "exporter_image": "exporter_image",
     "exporter_web_config": "exporter_web_config",
@@ -79,7 +82,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "on_nonfinite_loss": "health.on_nonfinite_loss",
     "no_stacks": "health.stacks",
 }
-NEGATIONS = {"no_health", "no_stacks"}  # flags that turn a default-on field off
+NEGATIONS = {"no_health", "no_stacks", "no_sidecar"}  # flags that turn a default-on field off
 WORKER_SHORTHANDS = {"workers": "count", "worker_cpus": "cpus", "worker_gpus": "gpus", "worker_memory": "memory",
                      "worker_resource": "resources"}
 _SECTIONS: dict[str, type[BaseModel]] = {"": JobSpec, "head": HeadSpec, "worker_groups[]": WorkerGroup,
@@ -140,7 +143,7 @@ def parse_worker_group(text: str) -> dict[str, Any]:
             raise click.BadParameter(f"{item!r} in {text!r} is not key=value", param_hint="--worker-group")
         if key.startswith("resource."):
             group.setdefault("resources", {})[key.removeprefix("resource.")] = value
-        elif key in WorkerGroup.model_fields and key not in ("name", "resources"):
+        elif key in WorkerGroup.model_fields and key not in ("name", "resources", "node_selector", "pod_template"):
             group[key] = value
         else:
             raise click.BadParameter(f"unknown key {key!r} in {text!r}; use count, cpus, gpus, memory, resource.NAME",
@@ -276,7 +279,12 @@ def spec_options(func: Callable) -> Callable:
         click.option("--progress-port", type=int,
                      help=f"Head progress endpoint port; local node i uses +2i [{default('progress_port')}]."),
         click.option("--token-path", type=click.Path(path_type=Path), help="Ray auth token file of --address."),
-        click.option("--namespace", help=f"Kubernetes namespace [{default('namespace')}]."),
+        click.option("--namespace", help="Kubernetes namespace [the kubeconfig context's, as kubectl]."),
+        click.option("--context", help="kubeconfig context [the current one; in a pod: its service account]."),
+        click.option("--pod-template", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+                     help="PodTemplateSpec YAML merged into every Ray pod (tolerations, nodeSelector, affinity, "
+                     "volumes, serviceAccountName, imagePullSecrets...; a container named `ray` merges into Ray's)."),
+        click.option("--no-sidecar", is_flag=True, help="No exporter sidecar in the Ray pods (and no PodMonitor)."),
         click.option("--queue", help="Kueue LocalQueue (adds kueue.x-k8s.io/queue-name)."),
         click.option("--exporter-image", help="Exporter sidecar image on Kubernetes [the raypulse exporter image "
                      "of this version]."),

@@ -26,22 +26,28 @@ quota belong to Kueue: naming a queue adds its label, and Kueue suspends and adm
 from __future__ import annotations
 
 import copy
+import hashlib
+import hmac
 import importlib.metadata
 import json
-import os
 import secrets
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from exporter.contract import wire
 from exporter.manifests import DEFAULT_IMAGE, Options, relabelings
+from launcher import state
 from launcher.errors import BadInput
 from launcher.journal import Journal
+from launcher.kubeaccess import KubeAccess, api_error, kube_api
 from launcher.run import job_metadata, runtime_env
 from launcher.runtime_env import is_remote
 from launcher.spec import JobSpec, format_memory
+
+if TYPE_CHECKING:
+    from launcher.spec import WorkerGroup
 
 RAY_PORTS = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080)]
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -67,6 +73,9 @@ GPU_VISIBILITY = (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIE
 NO_GPU_COLLECTORS = ("gpu", "gpu_events")  # off in pods without GPUs: nothing to read, no node GPUs twice
 # The rayproject/ray images run as `ray`, uid 1000 (gid 100): the exporter needs nothing more.
 SIDECAR_USER, SIDECAR_GROUP = 1000, 100
+GPU_IMAGE_SUFFIX = "-gpu"  # rayproject/ray:<version>-gpu: the CUDA build of the default image
+RAY_CONTAINER_ALIAS = "ray"  # a pod template's container of this name merges into the Ray container
+TOKEN_KEY_FILE = "kuberay-token.key"  # under $RAYPULSE_HOME, 0600: the run tokens' HMAC key
 SIDECAR_SECURITY: dict[str, Any] = {
     "runAsNonRoot": True,
     "runAsUser": SIDECAR_USER,
@@ -156,15 +165,79 @@ def _sidecar_volumes(spec: JobSpec) -> list[dict[str, Any]]:
     return volumes
 
 
-def _ray_container(spec: JobSpec, name: str, resources: dict[str, Any], ports: list[tuple[str, int]]) -> dict:
-    return {
+def _ray_container(spec: JobSpec, name: str, resources: dict[str, Any], ports: list[tuple[str, int]],
+                   gpus: int = 0) -> dict:
+    container: dict[str, Any] = {
         "name": name,
-        "image": spec.image,
+        "image": _image(spec, gpus),
         "resources": resources,
         "ports": [{"name": port_name, "containerPort": number} for port_name, number in ports],
-        # The training code's progress client finds the exporter sidecar through this.
-        "env": [{"name": wire.ENV_PROGRESS_URL, "value": f"http://127.0.0.1:{spec.progress_port}"}],
     }
+    if spec.sidecar:  # the training code's progress client finds the exporter sidecar through this
+        container["env"] = [{"name": wire.ENV_PROGRESS_URL, "value": f"http://127.0.0.1:{spec.progress_port}"}]
+    return container
+
+
+def _image(spec: JobSpec, gpus: int) -> str:
+    """The spec's image; GPU groups get the CUDA build of the default one (the CPU build has no CUDA)."""
+    if gpus and "image" not in spec.model_fields_set:
+        return spec.image + GPU_IMAGE_SUFFIX
+    return spec.image
+
+
+def _merge(ours: Any, theirs: Any) -> Any:
+    """`theirs` laid over `ours` as a strategic merge patch would: mappings merge key by key, lists of
+    named items (containers, volumes, env, imagePullSecrets) merge by name, other lists of objects (tolerations,
+    topologySpreadConstraints) are appended to without duplicates, scalars and lists of scalars are
+    replaced."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        merged = dict(ours)
+        for key, value in theirs.items():
+            merged[key] = _merge(ours[key], value) if key in ours else copy.deepcopy(value)
+        return merged
+    if isinstance(ours, list) and isinstance(theirs, list):
+        if all(isinstance(item, dict) and "name" in item for item in ours + theirs):
+            merged_items = {item["name"]: item for item in ours}
+            for item in theirs:
+                name = item["name"]
+                merged_items[name] = _merge(merged_items[name], item) if name in merged_items else copy.deepcopy(item)
+            return list(merged_items.values())
+        if any(isinstance(item, dict) for item in ours + theirs):  # tolerations, topologySpreadConstraints
+            return ours + [copy.deepcopy(item) for item in theirs if item not in ours]
+    return copy.deepcopy(theirs)  # scalars and lists of them (command, args): the user's
+
+
+def _shaped(pod: dict[str, Any], ray_container: str, *templates: dict[str, Any] | None) -> dict[str, Any]:
+    """A Ray pod with the user's pod templates merged in, in order. A template container named `ray`
+    means the Ray container (whatever our name for it); the pod's own labels win, so the PodMonitor and
+    KubeRay still find it."""
+    for template in templates:
+        if not template:
+            continue
+        template = copy.deepcopy(template)
+        for container in template.get("spec", {}).get("containers", []):
+            if container["name"] == RAY_CONTAINER_ALIAS:
+                container["name"] = ray_container
+        labels = pod["metadata"]["labels"]
+        pod = _merge(pod, template)
+        pod["metadata"]["labels"] = {**pod["metadata"].get("labels", {}), **labels}
+    return pod
+
+
+def run_token(run_id: str) -> str:
+    """The Ray auth token of a run: HMAC-SHA256 of its run id under a key kept 0600 in $RAYPULSE_HOME.
+    Rendering the same run again gives the same token (a re-applied Secret does not rotate it under a
+    running cluster), nothing per run is stored, and no one without the key can work it out from the
+    run id. A cluster whose Secret already exists keeps its own (apply never overwrites it)."""
+    path = state.home() / TOKEN_KEY_FILE
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        key = b""
+    if len(key) < 32:
+        key = secrets.token_bytes(32)
+        state.write_private(path, key.hex() + "\n")
+    return hmac.new(key, run_id.encode(), hashlib.sha256).hexdigest()
 
 
 def _start_params(cpus: float, gpus: int, resources: dict[str, float], memory: int | None = None) -> dict[str, str]:
@@ -186,8 +259,33 @@ def pod_monitor_relabelings() -> list[dict[str, Any]]:
             if rule["targetLabel"] == options.cluster_label else rule for rule in relabelings(options)]
 
 
+def _worker_group(spec: JobSpec, group: WorkerGroup, labels: dict[str, str], node_labels: dict[str, str],
+                  dashboard: str, secret: str) -> dict[str, Any]:
+    containers = [_ray_container(spec, "ray-worker", _container_resources(group.cpus, group.memory, group.gpus),
+                                 [("metrics", 8080)], gpus=group.gpus)]
+    pod: dict[str, Any] = {
+        "metadata": {"labels": {**labels, "raypulse.io/role": "worker", "raypulse.io/group": group.name}},
+        "spec": {"containers": containers},
+    }
+    if spec.sidecar:
+        containers.append(_exporter_sidecar(spec, "worker", dashboard, secret, gpus=group.gpus))
+        pod["spec"].update(volumes=_sidecar_volumes(spec), shareProcessNamespace=True)
+    selector = {"spec": {"nodeSelector": group.node_selector}} if group.node_selector else None
+    return {
+        "groupName": group.name,
+        "replicas": group.count,
+        "minReplicas": group.count,
+        "maxReplicas": group.count,
+        "rayStartParams": _start_params(group.cpus, group.gpus, group.resources, group.memory),
+        "labels": {**node_labels, wire.NODE_LABEL_GROUP: group.name},
+        "template": _shaped(pod, "ray-worker", spec.pod_template, group.pod_template, selector),
+    }
+
+
 def render(spec: JobSpec, token: str | None = None, release: str | None = None) -> list[dict[str, Any]]:
-    """The manifests, in apply order: Secret, RayJob, PodMonitor. `release`: the `release` label
+    """The manifests, in apply order: Secret, RayJob, PodMonitor (none with `sidecar` off). No object
+    names a namespace: they land where they are applied (`kubectl apply -n`, the context's namespace).
+    `token`: the Ray auth token (default: the run's, run_token). `release`: the `release` label
     kube-prometheus-stack's Prometheus selects PodMonitors by (its Helm release's name)."""
     spec = spec.with_run_id()
     # The submitter pod passes the runtime env to the Jobs API: it cannot upload this machine's files.
@@ -198,40 +296,24 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None) 
         if not is_remote(module):
             raise BadInput(f"runtime_env.py_modules[{number}]: {module} is a local path; on Kubernetes give a remote "
                            ".zip or .whl URI (https://, s3://, gs://...) or install the package in the image")
-    name, namespace = spec.run_id, spec.namespace
+    name = spec.run_id or ""
     secret = f"{name}-ray-token"
     head_service = f"{name}-head"
     labels = _pod_labels(spec)
     node_labels = {wire.NODE_LABEL_EXPORTER_PORT: str(spec.exporter_port)}
     head_dashboard = "http://127.0.0.1:8265"  # same pod
-    worker_dashboard = f"http://{head_service}.{namespace}.svc:8265"
+    # The head's Service by its short name: the pods' DNS search path holds their own namespace.
+    worker_dashboard = f"http://{head_service}:8265"
 
-    head_pod = {
-        "metadata": {"labels": {**labels, "raypulse.io/role": "head"}},
-        "spec": {"containers": [
-            _ray_container(spec, "ray-head", _container_resources(spec.head.cpus, spec.head.memory), RAY_PORTS),
-            _exporter_sidecar(spec, "head", head_dashboard, secret, gpus=0),
-        ], "volumes": _sidecar_volumes(spec), "shareProcessNamespace": True},
-    }
-    worker_groups = []
-    for group in spec.worker_groups:
-        pod = {
-            "metadata": {"labels": {**labels, "raypulse.io/role": "worker", "raypulse.io/group": group.name}},
-            "spec": {"containers": [
-                _ray_container(spec, "ray-worker", _container_resources(group.cpus, group.memory, group.gpus),
-                               [("metrics", 8080)]),
-                _exporter_sidecar(spec, "worker", worker_dashboard, secret, gpus=group.gpus),
-            ], "volumes": _sidecar_volumes(spec), "shareProcessNamespace": True},
-        }
-        worker_groups.append({
-            "groupName": group.name,
-            "replicas": group.count,
-            "minReplicas": group.count,
-            "maxReplicas": group.count,
-            "rayStartParams": _start_params(group.cpus, group.gpus, group.resources, group.memory),
-            "labels": {**node_labels, wire.NODE_LABEL_GROUP: group.name},
-            "template": pod,
-        })
+    head_containers = [_ray_container(spec, "ray-head", _container_resources(spec.head.cpus, spec.head.memory),
+                                      RAY_PORTS)]
+    head_pod: dict[str, Any] = {"metadata": {"labels": {**labels, "raypulse.io/role": "head"}},
+                                "spec": {"containers": head_containers}}
+    if spec.sidecar:
+        head_containers.append(_exporter_sidecar(spec, "head", head_dashboard, secret, gpus=0))
+        head_pod["spec"].update(volumes=_sidecar_volumes(spec), shareProcessNamespace=True)
+    worker_groups = [_worker_group(spec, group, labels, node_labels, worker_dashboard, secret)
+                     for group in spec.worker_groups]
     ray_version = importlib.metadata.version("ray")
     env = runtime_env(spec)
     metadata = job_metadata(spec, attempt=1)
@@ -240,7 +322,7 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None) 
     rayjob: dict[str, Any] = {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
-        "metadata": {"name": name, "namespace": namespace,
+        "metadata": {"name": name,
                      "labels": {**labels, **({KUEUE_QUEUE_LABEL: spec.queue} if spec.queue else {})}},
         "spec": {
             "entrypoint": spec.entrypoint,
@@ -256,7 +338,7 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None) 
                     "rayStartParams": {**_start_params(0, 0, spec.head.resources), "dashboard-host": "0.0.0.0"},
                     "labels": {**node_labels, wire.NODE_LABEL_GROUP: "head"},
                     "headService": {"metadata": {"name": head_service}},
-                    "template": head_pod,
+                    "template": _shaped(head_pod, "ray-head", spec.pod_template),
                 },
                 "workerGroupSpecs": worker_groups,
             },
@@ -271,10 +353,12 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None) 
     token_secret = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": secret, "namespace": namespace, "labels": labels},
+        "metadata": {"name": secret, "labels": labels},
         "type": "Opaque",
-        "stringData": {TOKEN_SECRET_KEY: token or secrets.token_hex(32)},
+        "stringData": {TOKEN_SECRET_KEY: token or run_token(name)},
     }
+    if not spec.sidecar:
+        return [token_secret, rayjob]
     endpoint: dict[str, Any] = {"port": EXPORTER_PORT_NAME, "path": "/metrics", "interval": "15s"}
     if spec.exporter_web_config_secret:
         endpoint.update(scheme="https", tlsConfig={
@@ -283,8 +367,7 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None) 
     pod_monitor = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": {"name": f"{name}-raypulse", "namespace": namespace,
-                     "labels": {**labels, **({"release": release} if release else {})}},
+        "metadata": {"name": f"{name}-raypulse", "labels": {**labels, **({"release": release} if release else {})}},
         "spec": {
             "selector": {"matchLabels": {POD_LABEL_RUN_ID: name}},
             "podMetricsEndpoints": [endpoint],
@@ -297,41 +380,80 @@ def to_yaml(manifests: list[dict[str, Any]]) -> str:
     return yaml.safe_dump_all(manifests, sort_keys=False)
 
 
-def _kubeconfig() -> Path:
-    configured = os.environ.get("KUBECONFIG")
-    path = Path(configured.split(os.pathsep)[0] if configured else "~/.kube/config").expanduser()
-    if not path.is_file():
-        raise BadInput(f"backend: no kubeconfig at {path} ({'KUBECONFIG' if configured else 'default path'}); "
-                       "point KUBECONFIG at one, or write the manifests with `launcher render` and apply them yourself")
-    return path
+@dataclass(frozen=True)
+class Applied:
+    """What apply left in the cluster."""
+
+    namespace: str
+    rayjob: dict[str, Any]  # as the API server has it: metadata.uid, status
+    manifests: list[dict[str, Any]]  # as rendered, with their ownerReferences
+    existed: bool  # a RayJob of this run id was there already: it is followed, not repeated
+    pod_monitor: str  # "ok", or why there is none
 
 
-def apply(spec: JobSpec) -> list[dict[str, Any]]:
-    """Create the manifests in the cluster of the current kubeconfig context. Checks everything it
-    can (kubeconfig, client library) before creating anything."""
+def owner_reference(rayjob: dict[str, Any]) -> dict[str, Any]:
+    """A reference to the RayJob: what it owns goes when it goes (Kubernetes' garbage collector)."""
+    return {"apiVersion": rayjob["apiVersion"], "kind": rayjob["kind"], "name": rayjob["metadata"]["name"],
+            "uid": rayjob["metadata"]["uid"], "blockOwnerDeletion": True}
+
+
+def apply(spec: JobSpec, access: KubeAccess | None = None) -> Applied:
+    """Create the manifests in the namespace given (else the context's), in the cluster of the kubeconfig
+    context given (else the current one, else the pod's). Checks what it can (render, kubeconfig,
+    server) before creating anything. The Secret first (the RayJob's pods read it), then the RayJob, then
+    ownerReferences to the RayJob on the Secret and the PodMonitor (its uid exists only now). The same
+    run id again finds its RayJob (409) and follows it: the existing Secret's token is kept."""
     spec = spec.with_run_id()
     manifests = render(spec)
-    kubeconfig = _kubeconfig()
+    access = access or kube_api(spec.context)
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+    from urllib3.exceptions import HTTPError
+
+    namespace = spec.namespace or access.namespace
+    core, custom = client.CoreV1Api(access.api_client), client.CustomObjectsApi(access.api_client)
+    secret, rayjob = manifests[0], manifests[1]
+    journal = Journal()
+    action = "create secrets"
+    existed = False
     try:
-        from kubernetes import client, config
-        from kubernetes.client.rest import ApiException
-    except ImportError:
-        raise BadInput("backend: the Kubernetes client is not installed; `pip install 'raypulse[kube]'`") from None
-    config.load_kube_config(config_file=str(kubeconfig))
-    core, custom = client.CoreV1Api(), client.CustomObjectsApi()
-    secret, rayjob, pod_monitor = manifests
-    namespace = spec.namespace
-    try:
-        core.create_namespaced_secret(namespace, secret)
-        custom.create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", rayjob)
-    except ApiException as exc:
-        Journal().emit("manifests.applied", run_id=spec.run_id, namespace=namespace,
-                       error=f"error: {exc.status} {exc.reason}")
-        raise BadInput(f"backend: Kubernetes refused the RayJob ({exc.status} {exc.reason}): {exc.body}") from None
-    try:
-        custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", namespace, "podmonitors", pod_monitor)
-        monitored = "ok"
-    except ApiException as exc:  # no Prometheus Operator: the job runs, metrics need another scrape config
-        monitored = f"no PodMonitor ({exc.status} {exc.reason})"
-    Journal().emit("manifests.applied", run_id=spec.run_id, namespace=namespace, pod_monitor=monitored)
-    return manifests
+        try:
+            core.create_namespaced_secret(namespace, secret)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: this run's Secret is there already; its token stays
+                raise
+        action = "create rayjobs"
+        try:
+            created = custom.create_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", rayjob)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            action = "get rayjobs"
+            created = custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs",
+                                                          rayjob["metadata"]["name"])
+            existed = True
+        owner = owner_reference(created)
+        for manifest in manifests:
+            if manifest is not rayjob:
+                manifest["metadata"]["ownerReferences"] = [owner]
+        action = "patch secrets"
+        core.patch_namespaced_secret(secret["metadata"]["name"], namespace,
+                                     {"metadata": {"ownerReferences": [owner]}},
+                                     _content_type="application/merge-patch+json")
+    except (ApiException, HTTPError) as exc:
+        journal.emit("manifests.applied", run_id=spec.run_id, namespace=namespace,
+                     error=f"error: {getattr(exc, 'status', None) or type(exc).__name__} {action}")
+        raise api_error(exc, access, action, namespace) from None
+    monitored = "not rendered (sidecar off)"
+    if len(manifests) > 2:
+        try:
+            custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", namespace, "podmonitors",
+                                                   manifests[2])
+            monitored = "ok"
+        except ApiException as exc:  # no Prometheus Operator: the job runs, metrics need another scrape config
+            monitored = "ok" if exc.status == 409 else f"no PodMonitor ({exc.status} {exc.reason})"
+        except HTTPError as exc:
+            monitored = f"no PodMonitor ({type(exc).__name__})"
+    journal.emit("manifests.applied", run_id=spec.run_id, namespace=namespace, pod_monitor=monitored,
+                 existing=existed)
+    return Applied(namespace=namespace, rayjob=created, manifests=manifests, existed=existed, pod_monitor=monitored)

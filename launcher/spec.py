@@ -111,6 +111,35 @@ class HeadSpec(_Strict):
         return _check_resources(value)
 
 
+def _pod_template(value: Any) -> Any:
+    """A PodTemplateSpec as users write it (metadata, spec), inline or in a YAML file."""
+    if isinstance(value, (str, Path)):
+        try:
+            value = read_yaml_file(Path(value).expanduser(), "pod template", holds="metadata and spec")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("a PodTemplateSpec is a mapping with metadata and spec "
+                         "(`kubectl explain podtemplate.template`)")
+    unknown = sorted(set(value) - {"metadata", "spec"})
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r}; a PodTemplateSpec has metadata and spec "
+                         "(`kubectl explain podtemplate.template`)")
+    for key in ("metadata", "spec"):
+        if not isinstance(value.get(key, {}), dict):
+            raise ValueError(f"{key} must be a mapping")
+    containers = value.get("spec", {}).get("containers", [])
+    if not isinstance(containers, list) or not all(isinstance(c, dict) and c.get("name") for c in containers):
+        raise ValueError("spec.containers: a list of containers, each with a name (`ray` merges into the Ray "
+                         "container)")
+    return value
+
+
+PodTemplate = Annotated[dict[str, Any] | None, BeforeValidator(_pod_template)]
+
+
 class WorkerGroup(_Strict):
     """A group of identical workers; their Ray logical resources equal what they are given."""
 
@@ -120,6 +149,10 @@ class WorkerGroup(_Strict):
     gpus: int = Field(0, ge=0, description="GPUs per worker")
     memory: Memory = Field(None, description="memory per worker (bytes or 4Gi)")
     resources: Resources = Field(default_factory=dict, description="custom logical resources per worker")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Kubernetes node labels this group's "
+                                          "pods must match (as `kubectl ray`'s --node-selectors)")
+    pod_template: PodTemplate = Field(None, description="PodTemplateSpec (YAML file or mapping) merged into this "
+                                      "group's pods over the job's pod_template (Kubernetes)")
 
     @field_validator("resources")
     @classmethod
@@ -179,7 +212,13 @@ class JobSpec(_Strict):
     progress_port: int = Field(wire.PROGRESS_PORT, ge=1024, le=65000,
                                description="head progress port; local node i: +2i")
     token_path: Path | None = Field(None, description="file holding the Ray auth token of an existing cluster")
-    namespace: str = Field("default", description="Kubernetes namespace")
+    namespace: str | None = Field(None, description="Kubernetes namespace (default: the kubeconfig context's, "
+                                  "as kubectl)")
+    context: str | None = Field(None, description="kubeconfig context (default: the current one)")
+    pod_template: PodTemplate = Field(None, description="PodTemplateSpec (YAML file or mapping) merged into every "
+                                      "Ray pod: tolerations, nodeSelector, affinity, volumes, serviceAccountName...")
+    sidecar: bool = Field(True, description="run the exporter beside Ray in every pod, with a PodMonitor "
+                          "(Kubernetes)")
     queue: str | None = Field(None, description="Kueue LocalQueue name")
     exporter_image: str | None = Field(None, description="exporter sidecar image (default: the raypulse "
                                         "exporter image of this version, exporter/manifests.py DEFAULT_IMAGE)")

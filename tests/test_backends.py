@@ -78,7 +78,8 @@ def test_a_spec_resolves_to_its_backend(data: dict, backend: type):
 # tests/test_launcher_spec.py has it).
 FIELD_VALUES = {"address": "http://head:8265", "cluster": "dev", "token_path": "/t", "keep_cluster": True,
                 "simulate_gpus": True, "queue": "q", "exporter_image": "img", "otlp_endpoint": "http://c:4318",
-                "checkpoint_dir": "/ckpt", "exporter_web_config_secret": "web"}
+                "checkpoint_dir": "/ckpt", "exporter_web_config_secret": "web", "context": "kind-dev",
+                "pod_template": {"spec": {"priorityClassName": "high"}}}
 
 
 def test_every_field_a_backend_takes_is_tried():

@@ -54,7 +54,8 @@ class ExistingKind(Kind):
 
 class KubeRayKind(Kind):
     name = "kuberay"
-    takes = frozenset({"keep_cluster", "queue", "exporter_image", "exporter_web_config_secret"})
+    takes = frozenset({"keep_cluster", "queue", "exporter_image", "exporter_web_config_secret", "context",
+                       "pod_template"})
     followed = False  # KubeRay retries (backoffLimit) and enforces deadlines itself
 
     @classmethod

@@ -36,10 +36,10 @@ class KubeRayBackend(KubeRayKind):
         return None
 
     def hand_off(self) -> str:
-        kuberay.apply(self.spec)
-        spec = self.spec
-        return (f"applied RayJob {spec.run_id} in namespace {spec.namespace}; follow it with "
-                f"`kubectl get rayjob {spec.run_id} -n {spec.namespace} -w`")
+        applied = kuberay.apply(self.spec)
+        name = applied.rayjob["metadata"]["name"]
+        return (f"applied RayJob {name} in namespace {applied.namespace}; follow it with "
+                f"`kubectl get rayjob {name} -n {applied.namespace} -w`")
 
     def checkpoint_dir(self) -> str | None:
         return self.spec.checkpoint_dir
