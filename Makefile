@@ -70,6 +70,7 @@ SCALE_BASE ?= /tmp/raypulse-scale-base
 bench-scale: install
 	rm -rf $(SCALE_BASE) && mkdir -p $(SCALE_BASE) && git archive HEAD | tar -x -C $(SCALE_BASE)
 	$(PY) -m bench.scale --section launcher --sizes 10,100,500,2000 --baseline $(SCALE_BASE)
+	$(PY) -m bench.scale --section prometheus --sizes 50,200,400
 
 docs: install
 	$(VENV)/bin/exporter metrics --format markdown --output docs/metrics.md

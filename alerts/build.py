@@ -67,8 +67,9 @@ def render_doc(config: Config = DEFAULT) -> str:
              "The fault drills' results: [alerts-drill.md](alerts-drill.md) (every group but `rl`), "
              "[rl-drill.md](rl-drill.md) (the `rl` group, on RLlib).", ""]
     for group in groups(config):
-        lines += [f"## {group.title}", "", f"`alerts/rules/{group.name}.yaml`", "",
-                  "| alert | severity | for | parameters | summary |", "|---|---|---|---|---|"]
+        lines += [f"## {group.title}", "", f"`alerts/rules/{group.name}.yaml`"]
+        if group.alerts:  # a group of recording rules only (scale) has no alert table
+            lines += ["", "| alert | severity | for | parameters | summary |", "|---|---|---|---|---|"]
         for alert in group.alerts:
             tuned = config.tune(alert.tuning_key or alert.name)
             params = ", ".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"

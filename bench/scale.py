@@ -18,6 +18,9 @@ Sections (`--section NAME`, repeatable; all by default):
 - `launcher`: the launcher's health watcher and run recorder against a fake fleet of N node exporters
   serving a real 8-GPU node's bytes (bench/scale_launcher.py; best with `--sizes 10,100,500,2000`).
 
+- `prometheus`: a real Prometheus scraping that fleet, with and without the cut: series, samples/s and
+  memory, extrapolated to 2,000 nodes (bench/prometheus_size.py; best with `--sizes 50,200,400`).
+
 More sections register themselves in SECTIONS the same way.
 
     python -m bench.scale [--section head] [--sizes 10,200,2000] [--cycles 6] [--warmup 60] [--baseline DIR]
@@ -307,6 +310,16 @@ def _launcher_section(sizes: list[int], cycles: int, baseline: Path | None, _war
 
 
 SECTIONS["launcher"] = _launcher_section
+
+
+def _prometheus_section(sizes: list[int], _cycles: int, _baseline: Path | None, _warmup: float = 0.0) -> None:
+    # A real Prometheus scraping the fake fleet, with and without the cut: bench/prometheus_size.py.
+    from bench.prometheus_size import prometheus_section
+
+    prometheus_section(sizes)
+
+
+SECTIONS["prometheus"] = _prometheus_section
 
 
 def main() -> None:

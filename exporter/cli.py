@@ -326,6 +326,9 @@ def _affinity(text: str | None) -> dict[str, Any] | None:
 @click.option("--unprivileged", is_flag=True,
               help="Run as the image's user without capabilities: other users' processes are not attributed.")
 @click.option("--pod-network", is_flag=True, help="Use the pod's network namespace instead of the node's.")
+@click.option("--cut", is_flag=True, default=None,
+              help="Large clusters: the scrape drops the families no alert needs and no panel depends on "
+                   "(per-link NVLink; docs/scale.md).")
 @click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path),
               help="Write one YAML file per object into this directory instead of all to stdout.")
 @click.option("--kustomize", "kustomize_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",

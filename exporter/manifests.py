@@ -115,6 +115,7 @@ class Options:
     image_pull_secrets: Sequence[str] = ()
     extra_args: Sequence[str] = ()  # appended to `exporter serve ...`: they win over the ones above
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment, e.g. RAYPULSE_EXPORTER_* settings
+    cut: bool = False  # drop the families no rule needs and no panel depends on (dashboards/cut.py, docs/scale.md)
 
     def __post_init__(self) -> None:
         for what, value, longest in (("namespace", self.namespace, 63), ("name", self.name, 40)):
@@ -315,7 +316,16 @@ def _endpoint(options: Options) -> dict[str, Any]:
         endpoint.update(scheme="https", tlsConfig={"ca": {"secret": {"name": options.web_config_secret, "key": CA_KEY}},
                                                    "serverName": TLS_SERVER_NAME})
     endpoint["relabelings"] = relabelings(options)
+    if options.cut:
+        endpoint["metricRelabelings"] = [{"sourceLabels": rule["source_labels"], "regex": rule["regex"],
+                                          "action": rule["action"]} for rule in _cut_relabels()]
     return endpoint
+
+
+def _cut_relabels() -> list[dict[str, Any]]:
+    from dashboards import cut  # the dashboards and rules decide what the cut drops; only manifests need them
+
+    return cut.relabel_configs(cut.derive())
 
 
 def service_monitor(options: Options) -> dict[str, Any]:
@@ -429,6 +439,8 @@ def scrape_config(options: Options) -> dict[str, Any]:
         job["scheme"] = "https"
         job["tls_config"] = {"ca_file": f"/etc/prometheus/secrets/{options.web_config_secret}/{CA_KEY}",
                              "server_name": TLS_SERVER_NAME}
+    if options.cut:
+        job["metric_relabel_configs"] = _cut_relabels()
     return job
 
 

@@ -7,13 +7,14 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from alerts import prometheus
 from exporter.config import ConfigError
 from exporter.contract import wire
-from launcher.deploy import remote
+from launcher.deploy import prometheus_scale, remote
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
 from launcher.failing import fail
@@ -156,6 +157,42 @@ def remove(address: str, token_path: Path | None) -> None:
     click.echo(f"launcher: removed {len(run.result['removed'])} actors (and their exporters)", err=True)
 
 
+def _scale_options(func: Callable) -> Callable:
+    """Sharding, remote_write and the cut (launcher/deploy/prometheus_scale.py), for clusters of thousands of nodes."""
+    options = [
+        click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Prometheus servers sharing the targets (hashmod of the target address)."),
+        click.option("--shard", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="This server's number, 0 to --shards - 1."),
+        click.option("--remote-write", metavar="URL", help="Also send every sample to this long-term store "
+                     "(Thanos Receive, Mimir, VictoriaMetrics: its push URL)."),
+        click.option("--remote-write-user", metavar="USER", help="Basic auth user for --remote-write."),
+        click.option("--remote-write-password-file", metavar="PATH", help="...and the file with its password, "
+                     "as Prometheus will read it (never read or printed here)."),
+        click.option("--remote-write-bearer-token-file", metavar="PATH", help="Or a bearer token file for "
+                     "--remote-write, as Prometheus will read it."),
+        click.option("--cut", is_flag=True, help="Drop the high-cardinality families no alert needs and no panel "
+                     "depends on (per-link NVLink; `python -m dashboards.cut` lists them)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _scale(document: dict[str, Any], shards: int, shard: int, remote_write: str | None, remote_write_user: str | None,
+           remote_write_password_file: str | None, remote_write_bearer_token_file: str | None,
+           cut: bool) -> dict[str, Any]:
+    document = prometheus_scale.shard(document, shards, shard)
+    if remote_write:
+        document = prometheus_scale.remote_write(document, remote_write, user=remote_write_user,
+                                                 password_file=remote_write_password_file,
+                                                 bearer_token_file=remote_write_bearer_token_file)
+    elif remote_write_user or remote_write_password_file or remote_write_bearer_token_file:
+        raise prometheus_scale.ScaleError("--remote-write-user/--remote-write-*-file: give them with "
+                                          "--remote-write URL")
+    return prometheus_scale.cut(document) if cut else document
+
+
 @click.command(name="prometheus-config")
 @_target
 @click.option("--scrape-interval", default="15s", show_default=True)
@@ -166,14 +203,20 @@ def remove(address: str, token_path: Path | None) -> None:
 @click.option("--basic-auth-user", metavar="USER", help="Exporters deployed with basic auth: Prometheus's user.")
 @click.option("--basic-auth-password-file", metavar="PATH", help="...and the file with its password, as "
               "Prometheus will read it.")
+@_scale_options
 def prometheus_config(address: str, token_path: Path | None, scrape_interval: str, sd_refresh_interval: str,
                       alertmanager: str | None, ca_file: str | None, basic_auth_user: str | None,
-                      basic_auth_password_file: str | None) -> None:
+                      basic_auth_password_file: str | None, **scale: Any) -> None:
     """Print a Prometheus config: every node's exporter through the head exporter's /sd, and the
-    rules of alerts/rules/ (absolute paths)."""
+    rules of alerts/rules/ (absolute paths). Large clusters: --shards/--shard, --remote-write, --cut
+    (docs/scale.md)."""
     if bool(basic_auth_user) != bool(basic_auth_password_file):
         fail("prometheus-config", "--basic-auth-user: give it with --basic-auth-password-file (Prometheus reads "
              "the password from that file)", ExitCode.BAD_INPUT, address=address)
+    try:  # bad options fail here, before the cluster is asked
+        _scale({"global": {}, "scrape_configs": []}, **{**scale, "cut": False})
+    except prometheus_scale.ScaleError as exc:
+        fail("prometheus-config", str(exc), ExitCode.BAD_INPUT, address=address)
     client = _client("prometheus-config", address, token_path)
     try:
         report = remote.exporters_status(client, load_deployment_access(address))
@@ -196,4 +239,9 @@ def prometheus_config(address: str, token_path: Path | None, scrape_interval: st
             job.update(client_settings, scheme="https" if "tls_config" in client_settings else "http")
             for sd in job.get("http_sd_configs", []):
                 sd.update(client_settings)
+    try:
+        document = _scale(document, **scale)
+    except prometheus_scale.ScaleError as exc:
+        fail("prometheus-config", str(exc), ExitCode.BAD_INPUT, address=address)
     click.echo(prometheus.render(document), nl=False)
+
