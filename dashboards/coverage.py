@@ -21,10 +21,7 @@ import yaml
 
 from dashboards import promql
 from dashboards.provisioner import JSON_DIR
-from dashboards.selectors import catalog
-
-REPO = Path(__file__).resolve().parent.parent
-ALERT_RULES = REPO / "alerts" / "rules"
+from dashboards.selectors import ALERT_RULES, catalog
 
 
 def dashboard_expressions(json_dir: Path = JSON_DIR) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dashboards import promql
 from dashboards.model import Board, Panel
 from dashboards.provisioner import CONTAINER_DASHBOARDS, DATASOURCE_UID
-from dashboards.selectors import VARIABLES
+from dashboards.selectors import VARIABLES, records
 from exporter.contract.wire import NODE_EXPORTER_JOB, NODE_EXPORTER_PORT
 
 INTRO = f"""# Dashboards
@@ -67,8 +67,24 @@ node_exporter's series for such nodes:
 Links: every dashboard has a "raypulse dashboards" menu that keeps the time range and the
 variables; series link onward (a GPU's panels to the jobs using it, a job's GPU panels to the
 GPU, its process panels to the node, the overview's job table to the job).
+"""
 
-## Variables
+RECORDED = """## Recorded series (large clusters)
+
+The fleet-wide GPU panels read the pre-aggregations of `alerts/rules/scale.yaml` (docs/scale.md)
+instead of every GPU's series: per cluster, per node and per job, a few thousand series at 2,000
+nodes where every GPU's would be 16,000 a family. They are recorded as sums and counts; a panel
+adds them up `by` its own labels (`sum by (cluster, node) (...)`), so the same query reads one
+Prometheus and a store holding several shards' records (each with its shard's external label), and
+an average is `:sum / :count` at read time. `$cluster` and `$submission` narrow them as they narrow
+the raw families (the records keep `cluster`, `node`, `submission_id`). Panels on one node, one
+GPU or a GPU's own state keep reading the GPU families.
+
+The records ship with the alert rules, everywhere raypulse installs those: `launcher
+prometheus-config` (every `alerts/rules/*.yaml`), `exporter manifests` (the PrometheusRule, and the
+plain overlay's rule ConfigMap), `exporter assets`, the kustomize base, `make demo` and the drills.
+A Prometheus that evaluates raypulse's alerts records them; one given only some rule files shows
+the panels below empty until it loads `scale.yaml` too. Panels that read a record:
 """
 
 
@@ -76,8 +92,15 @@ def _reads(panel: Panel) -> str:
     return ", ".join(sorted({f"`{m}`" for target in panel.targets for m in promql.metrics(target.expr)}))
 
 
+def _records(panel: Panel) -> list[str]:
+    return sorted({m for target in panel.targets for m in promql.metrics(target.expr) if m in records()})
+
+
 def render(boards: tuple[Board, ...]) -> str:
-    lines = [INTRO, "| variable | label | filters | options from |", "|---|---|---|---|",
+    lines = [INTRO, RECORDED]
+    lines += [f"- {board.title} / {panel.title}: " + ", ".join(f"`{m}`" for m in _records(panel))
+              for board in boards for panel in board.panels if _records(panel)]
+    lines += ["", "## Variables", "", "| variable | label | filters | options from |", "|---|---|---|---|",
              "| `datasource` | Data source | every panel and query | Prometheus data sources |"]
     lines += [f"| `{v.name}` | {v.label} | `{v.series_label}` | `{v.query}` |" for v in VARIABLES.values()]
     lines.append("")

@@ -6,13 +6,19 @@ Prometheus's `job` and `instance`. A Scope is the set of variables a dashboard h
 with a family name writes that family's selector with a matcher for every variable whose label
 the family carries (read from the metric catalog), so a panel can neither forget `$cluster` nor
 filter a family by a label it does not have. An unknown family name fails the build: the
-catalog, not the dashboards, decides what exists.
+catalog, not the dashboards, decides what exists. The same holds for the recorded series of the
+rule files (alerts/rules/*.yaml, e.g. the pre-aggregations of scale.yaml): their labels are those
+of the rule's `by (...)`, read from the file, so a renamed record or label fails the build too.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from exporter.catalog import CATALOG, MetricSpec
 from exporter.collector import load_collectors
@@ -27,6 +33,12 @@ FOREIGN = {"up": TARGET_LABELS,
            "ALERTS": frozenset({"cluster", "node", "gpu", "submission_id", "alertname", "alertstate", "severity",
                                 "scope"}),
            **{name: labels | TARGET_LABELS for name, labels in node_exporter.FAMILIES.items()}}
+
+
+# raypulse's rule files (package data beside this package; read, not imported: dashboards/ and
+# alerts/ do not import each other). `*.yaml` only: the opt-in dcgm-compat.yml is loaded by nobody by default.
+ALERT_RULES = Path(__file__).resolve().parent.parent / "alerts" / "rules"
+_AGGREGATED_BY = re.compile(r"\s*(?:sum|count|min|max|group)\s+by\s*\(([^)]*)\)")
 
 
 @dataclass(frozen=True)
@@ -59,13 +71,32 @@ def catalog() -> dict[str, MetricSpec]:
     return {spec.name: spec for spec in CATALOG}
 
 
+@functools.cache
+def records(rules_dir: Path = ALERT_RULES) -> dict[str, frozenset[str]]:
+    """Every recording rule of the rule files whose expression is an aggregation `by (...)`, with
+    those labels: what its series carry on the Prometheus that records it (a store adds the
+    external labels, e.g. the shard's; panels sum those away)."""
+    found: dict[str, frozenset[str]] = {}
+    for path in sorted(rules_dir.glob("*.yaml")):
+        for group in (yaml.safe_load(path.read_text()) or {}).get("groups", []):
+            for rule in group.get("rules", []):
+                match = _AGGREGATED_BY.match(str(rule["expr"])) if "record" in rule else None
+                if match:
+                    found[rule["record"]] = frozenset(label.strip() for label in match.group(1).split(",")
+                                                      if label.strip())
+    return found
+
+
 def series_labels(metric: str) -> frozenset[str]:
-    """The labels a stored series of `metric` has (its own and the scrape's)."""
+    """The labels a stored series of `metric` has (its own and the scrape's; a record's `by` labels)."""
     if metric in FOREIGN:
         return FOREIGN[metric]
+    if metric in records():
+        return records()[metric]
     spec = catalog().get(metric)
     if spec is None:
-        raise KeyError(f"{metric} is not in the metric catalog (`exporter metrics`); was it renamed?")
+        raise KeyError(f"{metric} is neither in the metric catalog (`exporter metrics`) nor recorded by an "
+                       f"aggregation in {ALERT_RULES}; was it renamed?")
     return frozenset(spec.labels) | TARGET_LABELS
 
 

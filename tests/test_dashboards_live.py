@@ -303,3 +303,9 @@ def test_a_variable_narrows_the_queries(scenario):
     assert gpu_utilization.series == 1
     everything = next(r for r in scenario.results if r.dashboard == "raypulse-gpu" and r.panel == "Utilization")
     assert everything.series > 1
+    # The recorded per-job series (alerts/rules/scale.yaml) follow $submission too: one series for one job.
+    submission = query(scenario.prometheus, "cluster_job:raypulse_job_gpus:count")[0]["metric"]["submission_id"]
+    one_job = livecheck.run(scenario.prometheus, {"cluster": scenario.cluster, "submission": submission}, window=60,
+                            step=2, rate_interval="6s", keep=lambda expr: "cluster_job:" in expr)
+    assert len(one_job) >= 4
+    assert all(r.series == 1 for r in one_job), [(r.name, r.series) for r in one_job]

@@ -1,9 +1,31 @@
-"""Cluster overview: the first screen. Jobs by state, Ray nodes, GPUs by health, alerts firing and
-a GPU utilization heat map on top; then resources, nodes, and the exporters' own health."""
+"""Cluster overview: the first screen. Jobs by state, Ray nodes, GPUs by health, alerts firing, the
+fleet's GPUs in four numbers and GPU utilization by node on top; then resources, nodes, and the
+exporters' own health.
+
+The fleet-wide GPU panels read the recorded pre-aggregations (alerts/rules/scale.yaml): at 2,000
+nodes a node's average is 2,000 series where every GPU's would be 16,000 a refresh. Panels that
+need a GPU's own state (GPUs by health) read the GPU families."""
 
 from __future__ import annotations
 
-from dashboards.boards.common import NOT_IDLE, UID_CLUSTER, UID_JOB, UID_NODE, rate, to_gpu, to_node
+from dashboards.boards.common import (
+    CLUSTER_GPUS,
+    CLUSTER_MEMORY_TOTAL,
+    CLUSTER_MEMORY_USED,
+    CLUSTER_POWER,
+    CLUSTER_UTILIZATION,
+    NODE_GPUS,
+    NODE_UTILIZATION,
+    NOT_IDLE,
+    UID_CLUSTER,
+    UID_JOB,
+    UID_NODE,
+    rate,
+    recorded,
+    recorded_average,
+    to_gpu,
+    to_node,
+)
 from dashboards.model import Board, Link, Panel, Row, Target
 from dashboards.selectors import Scope
 from exporter.contract import node_exporter
@@ -11,6 +33,9 @@ from exporter.contract import node_exporter
 S = Scope("cluster")
 CRITICAL_XIDS = "48|61|62|63|64|74|79|92|94|95|119|120|140"  # as alerts/: reset or service needed
 PER_NODE = "cluster, node"
+PER_CLUSTER = "cluster"
+# A GPU without a utilization reading (lost, or in MIG mode) is in the records' GPU count, not in their sum.
+NO_READING_IS_IDLE = "A GPU without a utilization reading (lost, or in MIG mode) counts as idle."
 
 
 def _table_link(uid: str, variable: str, column: str, title: str) -> Link:
@@ -60,14 +85,27 @@ SUMMARY = Row("Cluster", collapsed=False, panels=(
         Target(f"sum by (severity) ({S('ALERTS', alertstate='firing')})", "{{severity}}"),),
         "Firing alerts by severity (alerts/rules/).", kind="stat", width=6, height=5,
         thresholds=((None, "green"), (1, "red"))),
-    Panel("GPU utilization heat map", "percentunit",
-          (Target(S("raypulse_gpu_utilization_ratio"), "{{node}} {{gpu}}"),),
-          "How busy the cluster's GPUs are: each column is the spread of every GPU's utilization.",
-          kind="heatmap", width=12, height=9),
+    Panel("GPUs", "short", (Target(recorded(S, CLUSTER_GPUS, PER_CLUSTER), "{{cluster}}"),),
+          "GPUs the cluster's exporters report, answering or lost.", kind="stat", width=6, height=4),
+    Panel("GPU utilization", "percentunit", (
+        Target(recorded_average(S, CLUSTER_UTILIZATION, CLUSTER_GPUS, PER_CLUSTER), "{{cluster}}"),),
+        "Average utilization over all of the cluster's GPUs. " + NO_READING_IS_IDLE, kind="stat", width=6,
+        height=4, min=0, max=1),
+    Panel("GPU memory in use", "percentunit", (
+        Target(f"{recorded(S, CLUSTER_MEMORY_USED, PER_CLUSTER)} / {recorded(S, CLUSTER_MEMORY_TOTAL, PER_CLUSTER)}",
+               "{{cluster}}"),),
+        "Share of the GPU memory of all of the cluster's GPUs that is in use.", kind="stat", width=6, height=4,
+        min=0, max=1),
+    Panel("GPU power", "watt", (Target(recorded(S, CLUSTER_POWER, PER_CLUSTER), "{{cluster}}"),),
+          "Power drawn by all of the cluster's GPUs together.", kind="stat", width=6, height=4, min=0),
+    Panel("GPU utilization heat map", "percentunit", (
+        Target(recorded_average(S, NODE_UTILIZATION, NODE_GPUS, PER_NODE), "{{node}}"),),
+        "How busy the cluster's nodes are: each column is the spread of the nodes' average GPU utilization "
+        "(one GPU's own: the GPU dashboard). " + NO_READING_IS_IDLE, kind="heatmap", width=12, height=9),
     Panel("GPU utilization by node", "percentunit", (
-        Target(f"avg by ({PER_NODE}) ({S('raypulse_gpu_utilization_ratio')})", "{{node}}"),),
-        "Average GPU utilization per node (click: the node's GPUs).", width=12, height=9, min=0, max=1,
-        links=(to_gpu("GPUs of ${__field.labels.node}", one_gpu=False),)),
+        Target(recorded_average(S, NODE_UTILIZATION, NODE_GPUS, PER_NODE), "{{node}}"),),
+        "Average GPU utilization per node (click: the node's GPUs). " + NO_READING_IS_IDLE, width=12, height=9,
+        min=0, max=1, links=(to_gpu("GPUs of ${__field.labels.node}", one_gpu=False),)),
     Panel("Jobs", "short", (
         Target(f"{S('raypulse_job_info')} * on (cluster, job_id, submission_id) group_left (state) "
                f"({S('raypulse_job_state')} == 1)", instant=True),),
@@ -208,7 +246,8 @@ EXPORTERS = Row("Exporters", (
 
 BOARD = Board(
     uid=UID_CLUSTER, title="raypulse / Cluster overview",
-    description="The first screen: jobs by state, Ray nodes, GPUs by health, alerts firing, GPU utilization, "
-                "resources, nodes and the exporters' own health.",
+    description="The first screen: jobs by state, Ray nodes, GPUs by health, alerts firing, the fleet's GPUs "
+                "(count, utilization, memory, power) and GPU utilization by node, resources, nodes and the "
+                "exporters' own health.",
     variables=("cluster",), tags=("cluster",), rows=(SUMMARY, RESOURCES, NODES, EXPORTERS),
 )

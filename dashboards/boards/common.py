@@ -1,8 +1,10 @@
-"""Small helpers the boards share: PromQL fragments, dashboard uids and the links between them."""
+"""Small helpers the boards share: PromQL fragments, dashboard uids, the links between them, and
+how a panel reads the recorded pre-aggregations."""
 
 from __future__ import annotations
 
 from dashboards.model import Link
+from dashboards.selectors import Scope
 
 RATE = "$__rate_interval"
 
@@ -21,9 +23,38 @@ TRAINING_ALERTS = 'scope=~"training|job"'
 
 STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
 
+# The pre-aggregations of alerts/rules/scale.yaml (named in alerts/groups/scale.py, which dashboards/
+# may not import: Scope checks each name against the rule file, so a renamed record fails the build).
+# They ship wherever the alert rules do; docs/dashboards.md says which panels read them.
+CLUSTER_GPUS = "cluster:raypulse_gpus:count"
+CLUSTER_UTILIZATION = "cluster:raypulse_gpu_utilization_ratio:sum"
+CLUSTER_MEMORY_USED = "cluster:raypulse_gpu_memory_used_bytes:sum"
+CLUSTER_MEMORY_TOTAL = "cluster:raypulse_gpu_memory_total_bytes:sum"
+CLUSTER_POWER = "cluster:raypulse_gpu_power_usage_watts:sum"
+NODE_GPUS = "cluster_node:raypulse_gpus:count"
+NODE_UTILIZATION = "cluster_node:raypulse_gpu_utilization_ratio:sum"
+JOB_GPUS = "cluster_job:raypulse_job_gpus:count"
+JOB_SM = "cluster_job:raypulse_job_gpu_sm_utilization_ratio:sum"
+JOB_MEMORY = "cluster_job:raypulse_job_gpu_memory_used_bytes:sum"
+JOB_UTILIZATION = "cluster_job:raypulse_gpu_utilization_ratio:sum"
+JOB_POWER = "cluster_job:raypulse_gpu_power_usage_watts:sum"
+
 
 def rate(selector: str, window: str = RATE) -> str:
     return f"rate({selector}[{window}])"
+
+
+def recorded(scope: Scope, record: str, by: str) -> str:
+    """A recorded sum or count, added up `by` the panel's labels. One Prometheus has one series per
+    group already; a store holding several shards' records (each with its shard's external label)
+    has one per shard, and this adds them up."""
+    return f"sum by ({by}) ({scope(record)})"
+
+
+def recorded_average(scope: Scope, total: str, count: str, by: str) -> str:
+    """An average over GPUs from recorded sums and counts: `:sum / :count` at read time, never an
+    average of the shards' averages."""
+    return f"{recorded(scope, total, by)} / {recorded(scope, count, by)}"
 
 
 def _url(uid: str, **variables: str) -> str:

@@ -1,11 +1,29 @@
 """Job: one Ray job (or several attempts of a run) from submission to end: state and attempts,
 progress and throughput, loss, the GPUs and nodes it runs on, its processes, actors, tasks,
 failures by type, and how old its last checkpoint is. A job is chosen by submission id; every
-series of it (raypulse_job_*, raypulse_train_*) carries one."""
+series of it (raypulse_job_*, raypulse_train_*) carries one. Its GPUs as one number per job (count,
+utilization, memory, power) come from the recorded pre-aggregations (alerts/rules/scale.yaml), so
+a job on thousands of GPUs, or every job at once, costs a series per job; the per-GPU panels below
+them read the GPU families."""
 
 from __future__ import annotations
 
-from dashboards.boards.common import NOT_IDLE, STATES, UID_JOB, rate, to_gpu, to_node, to_training
+from dashboards.boards.common import (
+    JOB_GPUS,
+    JOB_MEMORY,
+    JOB_POWER,
+    JOB_SM,
+    JOB_UTILIZATION,
+    NOT_IDLE,
+    STATES,
+    UID_JOB,
+    rate,
+    recorded,
+    recorded_average,
+    to_gpu,
+    to_node,
+    to_training,
+)
 from dashboards.model import Board, Panel, Row, Target
 from dashboards.selectors import Scope
 from exporter.contract import node_exporter as ne
@@ -13,6 +31,7 @@ from exporter.contract import node_exporter as ne
 S = Scope("cluster", "submission")
 C = Scope("cluster")  # node and GPU families: no job label; joined with the job's processes
 JOB = "{{submission_id}}"
+PER_JOB = "cluster, submission_id"
 STATE_COLORS = {"PENDING": "blue", "RUNNING": "green", "SUCCEEDED": "super-light-green", "FAILED": "red",
                 "STOPPED": "orange"}
 
@@ -103,6 +122,19 @@ PROGRESS = Row("Progress", collapsed=False, panels=(
 ))
 
 GPUS = Row("GPUs of the job", collapsed=False, panels=(
+    Panel("Whole job: GPUs", "short", (Target(recorded(S, JOB_GPUS, PER_JOB), JOB),),
+          "GPUs the job's processes use, over all its nodes (counted where NVML samples each process's SM "
+          "time: not on GPUs in MIG mode).", width=6, height=7, min=0),
+    Panel("Whole job: GPU utilization", "percentunit", (
+        Target(recorded_average(S, JOB_UTILIZATION, JOB_GPUS, PER_JOB), JOB + " GPUs busy"),
+        Target(recorded_average(S, JOB_SM, JOB_GPUS, PER_JOB), JOB + " its share of SM time")),
+        "Average over the job's GPUs: how busy they are (all processes), and the share of SM time the job's own "
+        "processes used.", width=6, height=7, min=0, max=1),
+    Panel("Whole job: GPU memory", "bytes", (Target(recorded(S, JOB_MEMORY, PER_JOB), JOB),),
+          "GPU memory the job's processes hold, over all its GPUs.", width=6, height=7, min=0),
+    Panel("Whole job: GPU power", "watt", (Target(recorded(S, JOB_POWER, PER_JOB), JOB),),
+          "Power drawn by the GPUs the job uses (a GPU shared with another job counts for both).", width=6,
+          height=7, min=0),
     Panel("GPU utilization", "percentunit", (
         Target(on_job_gpus(C("raypulse_gpu_utilization_ratio")), JOB + " {{node}} GPU {{gpu}}"),),
         "Utilization of the GPUs the job's processes use (click: the GPU).", min=0, max=1, links=(to_gpu(),)),
