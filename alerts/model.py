@@ -21,8 +21,15 @@ SCOPES = ("gpu", "node", "ray", "job", "training", "exporter", "meta")
 
 # Labels that place a per-GPU series (the target's labels plus the GPU's own).
 GPU = "cluster, node, instance, job, gpu, uuid"
-# Labels of a Ray job across nodes (the Prometheus `job` label is the scrape job, not this).
+# Labels of a Ray job across nodes (the Prometheus `job` label is the scrape job, not this): what joins
+# a job's series (`on (...)`), wherever they come from, and what the scale records keep.
 RAY_JOB = "cluster, job_id, submission_id"
+# The target label prometheus-operator adds (the scraped pod's namespace); kube-prometheus-stack's
+# Alertmanager groups and inhibits by it. Absent outside Kubernetes, where `by` it changes nothing.
+NAMESPACE = "namespace"
+# What job and training alerts aggregate by: the job, and its namespace kept. Joins stay `on (RAY_JOB)`:
+# a job's series may come from exporters in another namespace (the DaemonSet's, not the job's pods').
+BY_JOB = f"cluster, {NAMESPACE}, job_id, submission_id"
 
 
 def promql(text: str) -> str:

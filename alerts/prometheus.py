@@ -19,11 +19,23 @@ from alerts.config import DEFAULT, Config
 
 RULES_DIR = Path(str(files("alerts").joinpath("rules")))
 ALERTMANAGER_EXAMPLE = Path(str(files("alerts").joinpath("alertmanager.yml")))
+# Rule files Prometheus loads by default (rule_files: rules/*.yaml), and opt-in ones (`.yml`, outside that glob).
+DEFAULT_SUFFIX, OPT_IN_SUFFIX = ".yaml", ".yml"
+# RaypulseWatchdog's group and rule file: opt-in unless built with Config.watchdog.
+WATCHDOG = "watchdog"
 
 
-def rule_files(directory: Path = RULES_DIR) -> list[Path]:
-    """raypulse's rule files (absolute paths, so a config works wherever Prometheus starts)."""
-    return [path.resolve() for path in sorted(directory.glob("*.yaml"))]
+def rule_files(directory: Path = RULES_DIR, *, watchdog: bool = False) -> list[Path]:
+    """raypulse's rule files (absolute paths, so a config works wherever Prometheus starts): `*.yaml`,
+    and with `watchdog` the opt-in Watchdog too (a setup without kube-prometheus-stack's Watchdog)."""
+    paths = sorted(directory.glob(f"*{DEFAULT_SUFFIX}"))
+    if watchdog and not (directory / f"{WATCHDOG}{DEFAULT_SUFFIX}").exists():
+        opt_in = directory / f"{WATCHDOG}{OPT_IN_SUFFIX}"
+        if not opt_in.is_file():
+            raise FileNotFoundError(f"{opt_in} is missing: write the rules with `python -m alerts.build` "
+                                    "(it writes the Watchdog there)")
+        paths.append(opt_in)
+    return [path.resolve() for path in paths]
 
 
 Target = str | tuple[str, Mapping[str, str]]  # "host:port", or ("host:port", labels of its own)

@@ -7,7 +7,8 @@ passed as --procfs/--sysfs/--rootfs, every GPU of the node through the NVIDIA co
 kubelet's pod-resources socket, tolerations, a priority class), a headless Service, a ServiceMonitor
 whose relabelings give every series the `node` and `cluster` labels (or the names of another label
 contract, exporter/contract/labels.py, with the rules and dashboards following it) and the scrape job the alert
-rules select, a PrometheusRule holding alerts/rules/*.yaml, and one ConfigMap per Grafana dashboard
+rules select, a PrometheusRule holding alerts/rules/*.yaml (not the opt-in RaypulseWatchdog: kube-prometheus-
+stack has its own Watchdog; `watchdog=True` adds ours), and one ConfigMap per Grafana dashboard
 (`grafana_dashboard: "1"`, what kube-prometheus-stack's Grafana sidecar loads). Every object carries
 the namespace and, with `release`, the `release` label kube-prometheus-stack's Prometheus selects.
 
@@ -16,7 +17,8 @@ collector profile, a web-config Secret (TLS and basic auth), tolerations, nodeSe
 priorityClassName, imagePullSecrets, extra args and env. `kustomize(options)` lays the same objects out
 as a kustomize base with two overlays (exporter/kustomize/, `exporter manifests --kustomize DIR`):
 `kube-prometheus-stack` (its `release` label, its Grafana sidecar's label) and `plain` (a Prometheus
-without the Operator: a scrape job and the rule files as ConfigMaps instead of the two CRD objects).
+without the Operator: a scrape job and the rule files, our Watchdog among them, as ConfigMaps instead of
+the two CRD objects).
 
 Plain data, like launcher/kuberay.py renders the RayJob; tests/test_k8s_manifests.py validates each
 object against the Kubernetes OpenAPI schema or the prometheus-operator CRD vendored in tests/data/,
@@ -116,6 +118,9 @@ class Options:
     extra_args: Sequence[str] = ()  # appended to `exporter serve ...`: they win over the ones above
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment, e.g. RAYPULSE_EXPORTER_* settings
     cut: bool = False  # drop the families no rule needs and no panel depends on (dashboards/cut.py, docs/scale.md)
+    # RaypulseWatchdog (always firing) in the PrometheusRule. Off: kube-prometheus-stack has its own Watchdog, and
+    # its Alertmanager sends only that one to its null receiver. The plain overlay (no kps) always has it.
+    watchdog: bool = False
 
     def __post_init__(self) -> None:
         for what, value, longest in (("namespace", self.namespace, 63), ("name", self.name, 40)):
@@ -341,14 +346,20 @@ def service_monitor(options: Options) -> dict[str, Any]:
     }
 
 
-def _rule_files(options: Options) -> dict[str, dict[str, Any]]:
+def _rule_files(options: Options, watchdog: bool) -> dict[str, dict[str, Any]]:
+    """File name -> rule file; with `watchdog`, the opt-in Watchdog too, named to be loaded (`*.yaml`)."""
     contract = options.labels  # the shipped files use the default contract
-    docs = {name: yaml.safe_load(text) for name, text in assets.rule_files().items()}
+    texts = assets.rule_files()
+    if watchdog:
+        from alerts.prometheus import DEFAULT_SUFFIX, OPT_IN_SUFFIX, WATCHDOG  # the rules' file names; only here
+
+        texts[f"{WATCHDOG}{DEFAULT_SUFFIX}"] = assets.opt_in_rule_files()[f"{WATCHDOG}{OPT_IN_SUFFIX}"]
+    docs = {name: yaml.safe_load(text) for name, text in texts.items()}
     return {name: doc if contract.is_default else contract.rule_file(doc) for name, doc in docs.items()}
 
 
 def prometheus_rule(options: Options) -> dict[str, Any]:
-    groups = [group for doc in _rule_files(options).values() for group in doc["groups"]]
+    groups = [group for doc in _rule_files(options, options.watchdog).values() for group in doc["groups"]]
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -445,9 +456,10 @@ def scrape_config(options: Options) -> dict[str, Any]:
 
 
 def prometheus_configmap(options: Options) -> dict[str, Any]:
-    """The scrape job and the rule files, for a Prometheus that mounts them (no Operator to read the CRDs)."""
+    """The scrape job and the rule files, for a Prometheus that mounts them (no Operator to read the CRDs). Our
+    Watchdog among them: such a Prometheus has no kube-prometheus-stack Watchdog."""
     data = {SCRAPE_CONFIG_KEY: to_yaml([[scrape_config(options)]])}
-    data |= {name: to_yaml([doc]) for name, doc in _rule_files(options).items()}
+    data |= {name: to_yaml([doc]) for name, doc in _rule_files(options, watchdog=True).items()}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(options, f"{options.name}-prometheus"),
             "data": data}
 
@@ -467,8 +479,8 @@ def kustomize(options: Options | None = None) -> dict[str, str]:
     overlays/kube-prometheus-stack/: adds `release` (`options.release`, else kube-prometheus-stack) to
     every object and `grafana_dashboard: "1"` to the dashboards.
     overlays/plain/: no Prometheus Operator: drops the ServiceMonitor and the PrometheusRule, adds a
-    ConfigMap with the same scrape job and rule files for a Prometheus to mount, labels the dashboards
-    for the Grafana chart's sidecar (the same label)."""
+    ConfigMap with the same scrape job and rule files (and our Watchdog) for a Prometheus to mount, labels
+    the dashboards for the Grafana chart's sidecar (the same label)."""
     options = options or Options()
     base_options = dataclasses.replace(options, release=None)
     objects = [service_account(base_options), daemonset(base_options), service(base_options),

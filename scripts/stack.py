@@ -6,7 +6,8 @@ and the tests.
 
 Prometheus scrapes the exporters under the job name of `Config.exporter_selector` ("raypulse"),
 from a fixed target list and/or the head exporter's /sd (HTTP service discovery), evaluates
-alerts/rules/*.yaml (or a drill variant) and sends to Alertmanager, which runs
+alerts/rules/*.yaml (or a drill variant) and the opt-in Watchdog (a local stack has no
+kube-prometheus-stack Watchdog) and sends to Alertmanager, which runs
 alerts/alertmanager.yml with its webhook URLs pointed at `webhook_url`.
 `python -m scripts.stack --target HOST:PORT` runs one by hand until Ctrl-C.
 """
@@ -145,11 +146,12 @@ def start(workdir: Path, *, targets: list[str] | None = None, sd_url: str | None
           labels: dict[str, str] | None = None, webhook_url: str = "http://127.0.0.1:9096",
           rules_dir: Path = prometheus.RULES_DIR, scrape_interval: str = "15s", evaluation_interval: str = "15s",
           fast: bool = False, with_prometheus: bool = True,
-          relabel_configs: list[dict[str, Any]] | None = None) -> Stack:
+          relabel_configs: list[dict[str, Any]] | None = None, watchdog: bool = True) -> Stack:
     """Start Alertmanager, then Prometheus, both on free loopback ports, and wait until both are
     ready. `targets` (with `labels`, e.g. cluster and node) or `sd_url` (a head exporter's /sd)
     say what to scrape. `fast` shortens Alertmanager's grouping waits and Prometheus's resend delay.
-    `with_prometheus=False` starts Alertmanager alone (alerts are then posted to its API)."""
+    `with_prometheus=False` starts Alertmanager alone (alerts are then posted to its API). `watchdog`:
+    RaypulseWatchdog too (the opt-in rules/watchdog.yml where `rules_dir` has it)."""
     found = binaries()
     if found is None:
         raise FileNotFoundError("prometheus and prometheus-alertmanager are needed (make system-deps)")
@@ -170,9 +172,10 @@ def start(workdir: Path, *, targets: list[str] | None = None, sd_url: str | None
             return stack
         prom_config = workdir / "prometheus.yml"
         prom_config.write_text(prometheus.render(prometheus.config(
-            targets=targets or (), sd_url=sd_url, labels=labels, rules=prometheus.rule_files(rules_dir),
-            alertmanager=f"127.0.0.1:{am_port}", scrape_interval=scrape_interval,
-            evaluation_interval=evaluation_interval, relabel_configs=relabel_configs or ())))
+            targets=targets or (), sd_url=sd_url, labels=labels,
+            rules=prometheus.rule_files(rules_dir, watchdog=watchdog), alertmanager=f"127.0.0.1:{am_port}",
+            scrape_interval=scrape_interval, evaluation_interval=evaluation_interval,
+            relabel_configs=relabel_configs or ())))
         prom_log, tsdb = workdir / "prometheus.log", tempfile.mkdtemp(prefix="tsdb-", dir=workdir)
         command = [prometheus_bin, f"--config.file={prom_config}", f"--storage.tsdb.path={tsdb}",
                    f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"]

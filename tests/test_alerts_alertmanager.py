@@ -31,7 +31,8 @@ def test_amtool_check_config_is_clean():
     ({"alertname": "RaypulseJobFailed", "severity": "critical", "cluster": "c1", "submission_id": "s"}, "pager"),
     ({"alertname": "RaypulseGpuThermalSlowdown", "severity": "warning", "scope": "gpu"}, "tickets"),
     ({"alertname": "SomethingElse", "severity": "info"}, "blackhole"),
-    ({"alertname": "RaypulseWatchdog", "severity": "none"}, "watchdog"),
+    ({"alertname": "RaypulseExporterDown", "severity": "warning", "scope": "exporter"}, "tickets"),
+    ({"alertname": "RaypulseWatchdog", "severity": "none"}, "watchdog"),  # opt-in (rules/watchdog.yml)
     ({"alertname": "NoSeverity"}, "tickets"),
 ])
 def test_routes_by_severity(labels, receiver):
@@ -55,7 +56,8 @@ def _alert(name: str, severity: str, scope: str, **labels: str) -> dict[str, str
     return {"alertname": name, "severity": severity, "scope": scope, **labels}
 
 
-NODE_DOWN = _alert("RaypulseExporterDown", "critical", "exporter", cluster="c1", node="n1", instance="n1:9477")
+# A warning (as kps' TargetDown) that still mutes the critical alerts located on its node.
+NODE_DOWN = _alert("RaypulseExporterDown", "warning", "exporter", cluster="c1", node="n1", instance="n1:9477")
 GPU_ON_DOWN_NODE = _alert("RaypulseGpuLost", "critical", "gpu", cluster="c1", node="n1", gpu="0", uuid="GPU-0")
 GPU_ELSEWHERE = _alert("RaypulseGpuLost", "critical", "gpu", cluster="c1", node="n2", gpu="0", uuid="GPU-8")
 RANK_ON_DOWN_NODE = _alert("RaypulseTrainingLossNonFinite", "critical", "training", cluster="c1", node="n1",

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import build, lint
+from alerts import build, lint, prometheus
 from alerts.config import DEFAULT, Duration, d
 from tests.conftest import REPO, binary
 
-RULES = sorted((REPO / "alerts" / "rules").glob("*.yaml"))
+# The rule files loaded by default, and the opt-in Watchdog (checked like them).
+RULES = [*sorted((REPO / "alerts" / "rules").glob("*.yaml")), REPO / "alerts" / "rules" / "watchdog.yml"]
 UNIT_TESTS = sorted((REPO / "alerts" / "tests").glob("*_test.yaml"))
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 ALWAYS_FIRING = {"RaypulseWatchdog"}  # the dead man's switch has no quiet case by design
@@ -175,3 +176,54 @@ def test_the_unit_tests_notice_a_moved_threshold(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode != 0
     assert "RaypulseGpuThermalSlowdown" in result.stdout + result.stderr
+
+
+def _alert_names(files: dict[str, str]) -> dict[str, set[str]]:
+    return {name: {rule["alert"] for group in yaml.safe_load(text)["groups"] for rule in group["rules"]
+                   if "alert" in rule} for name, text in files.items()}
+
+
+def test_the_watchdog_is_opt_in_and_turned_on_by_config(tmp_path):
+    """kube-prometheus-stack has its own Watchdog (its Alertmanager routes only that one to its null
+    receiver): ours is left out of the default rule files, written as the opt-in watchdog.yml."""
+    assert all("RaypulseWatchdog" not in names for names in _alert_names(build.rule_files()).values())
+    assert _alert_names(build.opt_in_files()) == {"watchdog.yml": {"RaypulseWatchdog"}}
+    assert not any("Watchdog" in path.read_text() for path in prometheus.rule_files())
+    on = dataclasses.replace(DEFAULT, watchdog=True)
+    assert _alert_names(build.rule_files(on))["watchdog.yaml"] == {"RaypulseWatchdog"}
+    assert build.opt_in_files(on) == {}
+    # a setup without kps asks for it: the committed opt-in file, or the one a --watchdog build loads anyway
+    assert prometheus.rule_files(watchdog=True)[-1] == (REPO / "alerts" / "rules" / "watchdog.yml").resolve()
+    build.write_rules(tmp_path / "on", dataclasses.replace(DEFAULT, watchdog=True))
+    assert prometheus.rule_files(tmp_path / "on", watchdog=True) == prometheus.rule_files(tmp_path / "on")
+    (tmp_path / "none").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"watchdog\.yml is missing"):
+        prometheus.rule_files(tmp_path / "none", watchdog=True)
+    assert build.main(["--watchdog", "--out", str(tmp_path / "cli")]) == 0
+    assert (tmp_path / "cli" / "watchdog.yaml").exists()
+    assert not (tmp_path / "cli" / "watchdog.yml").exists()
+
+
+def test_exporter_down_is_a_kps_like_warning_and_a_test_can_shorten_its_for():
+    rule = next(rule for rule in alerting_rules() if rule["alert"] == "RaypulseExporterDown")
+    assert (rule["labels"]["severity"], rule["for"]) == ("warning", "10m")  # kps' TargetDown: warning after 10m
+    fast = DEFAULT.with_fors({"RaypulseExporterDown": "1m"})
+    assert fast.tune("RaypulseExporterDown").for_ == d("1m")
+    assert fast.scaled(1 / 30).tune("RaypulseExporterDown").for_ == Duration(2)
+    assert {key: tune for key, tune in fast.tuning.items() if key != "RaypulseExporterDown"} == \
+        {key: tune for key, tune in DEFAULT.tuning.items() if key != "RaypulseExporterDown"}
+    with pytest.raises(KeyError, match="no entry 'RaypulseNoSuchAlert'"):
+        DEFAULT.with_fors({"RaypulseNoSuchAlert": "1m"})
+
+
+def test_job_and_training_alerts_keep_the_namespace():
+    """kube-prometheus-stack groups and inhibits by `namespace`: every aggregation of a job or training
+    alert keeps it (the promtool cases in jobs_test.yaml and training_test.yaml show it on the alert)."""
+    for rule in alerting_rules() + [rule for doc in rule_docs().values() for group in doc["groups"]
+                                    for rule in group["rules"] if "record" in rule]:
+        if rule.get("labels", {}).get("scope") in ("job", "training") or rule.get("record", "").startswith(
+                ("ray_job:raypulse_train", "rank:raypulse_train")):
+            taken_back = "group_left (namespace)" in rule["expr"]  # from the job's own series (GPU use)
+            for clause in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", rule["expr"]):
+                assert "namespace" in clause or taken_back, \
+                    f"{rule.get('alert') or rule['record']}: by ({clause}) drops namespace"

@@ -46,6 +46,7 @@ CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-v1-
 VARIANTS = [
     Options(),
     Options(namespace="ml-monitoring", release="kube-prometheus-stack", cluster="gpu-prod", runtime_class="nvidia"),
+    Options(watchdog=True),  # a PrometheusRule for a Prometheus without kube-prometheus-stack's Watchdog
     Options(name="rp", unprivileged=True, host_network=False, priority_class=None,
             node_selector={"nvidia.com/gpu.present": "true"},
             tolerations=({"operator": "Exists"},)),
@@ -90,7 +91,8 @@ def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return obj
 
 
-@pytest.mark.parametrize("options", VARIANTS, ids=["defaults", "kube-prometheus-stack", "unprivileged", "knobs"])
+@pytest.mark.parametrize("options", VARIANTS,
+                         ids=["defaults", "kube-prometheus-stack", "watchdog", "unprivileged", "knobs"])
 def test_every_object_validates_against_its_schema(validators, options):
     objects = render(options)
     assert sorted({obj["kind"] for obj in objects}) == ["ConfigMap", "DaemonSet", "PrometheusRule", "Service",
@@ -213,6 +215,27 @@ def test_the_prometheus_rule_holds_every_rule_file_and_promtool_accepts_it(tmp_p
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _alerts(rule: dict) -> set[str]:
+    return {item["alert"] for group in rule["spec"]["groups"] for item in group["rules"] if "alert" in item}
+
+
+def test_the_prometheus_rule_fits_kube_prometheus_stack_and_our_watchdog_is_opt_in():
+    """kube-prometheus-stack has its own Watchdog (its Alertmanager sends only that one to its null
+    receiver): ours is not in the PrometheusRule unless asked for, and the rule carries `release`."""
+    default = manifests.prometheus_rule(Options(release="kps"))
+    assert default["metadata"]["labels"]["release"] == "kps"
+    assert "RaypulseWatchdog" not in _alerts(default)
+    down = next(item for group in default["spec"]["groups"] for item in group["rules"]
+                if item.get("alert") == "RaypulseExporterDown")
+    assert (down["labels"]["severity"], down["for"]) == ("warning", "10m")  # as kps' TargetDown
+    with_it = manifests.prometheus_rule(Options(watchdog=True))
+    assert _alerts(with_it) - _alerts(default) == {"RaypulseWatchdog"}
+    names = [group["name"] for group in with_it["spec"]["groups"]]
+    assert len(names) == len(set(names))
+    monitor = manifests.service_monitor(Options(release="kps"))
+    assert monitor["metadata"]["labels"]["release"] == "kps"
 
 
 def test_one_configmap_per_dashboard_for_grafanas_sidecar():

@@ -63,6 +63,9 @@ def test_the_kube_prometheus_stack_overlay_adds_the_release_and_the_sidecar_labe
     maps = dashboards(objects)
     assert len(maps) == 6
     assert all(obj["metadata"]["labels"][manifests.DASHBOARD_LABEL] == "1" for obj in maps)
+    # kube-prometheus-stack has its own Watchdog: ours is not among the rules (the plain overlay has it).
+    (rule,) = [obj for obj in objects if obj["kind"] == "PrometheusRule"]
+    assert "RaypulseWatchdog" not in yaml.safe_dump(rule)
     (daemonset,) = [obj for obj in objects if obj["kind"] == "DaemonSet"]
     # The selector (immutable on a DaemonSet) and the pods are the base's: only metadata is labelled.
     assert "release" not in daemonset["spec"]["selector"]["matchLabels"]
@@ -84,7 +87,9 @@ def test_the_plain_overlay_needs_no_operator_and_prometheus_accepts_its_scrape_j
     assert all(obj["metadata"]["labels"][manifests.DASHBOARD_LABEL] == "1" for obj in dashboards(objects))
     (config,) = [obj for obj in objects if obj["metadata"]["name"] == f"{manifests.DEFAULT_NAME}-prometheus"]
     data = config["data"]
-    assert set(data) == {manifests.SCRAPE_CONFIG_KEY, *assets.rule_files()}
+    # The rule files and our Watchdog (no kube-prometheus-stack Watchdog here), loaded as *.yaml.
+    assert set(data) == {manifests.SCRAPE_CONFIG_KEY, *assets.rule_files(), "watchdog.yaml"}
+    assert "RaypulseWatchdog" in data["watchdog.yaml"]
     for name, text in data.items():
         (tmp_path / name).write_text(text)
     (job,) = yaml.safe_load(data[manifests.SCRAPE_CONFIG_KEY])
@@ -98,7 +103,8 @@ def test_the_plain_overlay_needs_no_operator_and_prometheus_accepts_its_scrape_j
     checked = {**{key: value for key, value in job.items() if key != "kubernetes_sd_configs"},
                "static_configs": [{"targets": ["127.0.0.1:9477"]}]}
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-        "scrape_configs": [checked], "rule_files": sorted(str(tmp_path / name) for name in assets.rule_files())}))
+        "scrape_configs": [checked],
+        "rule_files": sorted(str(tmp_path / name) for name in data if name != manifests.SCRAPE_CONFIG_KEY)}))
     result = subprocess.run([binary("promtool"), "check", "config", str(tmp_path / "prometheus.yml")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -244,7 +244,7 @@ def test_the_image_install_steps_give_a_working_exporter_without_ray(tmp_path):
     _run([exporter_bin, "assets", "-o", str(tmp_path / "assets")], env=environment, cwd=tmp_path)
     assert sorted(p.name for p in (tmp_path / "assets" / "dashboards").iterdir()) == sorted(
         p.name for p in (REPO / "dashboards" / "json").glob("*.json"))
-    assert [p.name for p in (tmp_path / "assets" / "opt-in").iterdir()] == ["dcgm-compat.yml"]
+    assert sorted(p.name for p in (tmp_path / "assets" / "opt-in").iterdir()) == ["dcgm-compat.yml", "watchdog.yml"]
     assert "kind: DaemonSet" in _run([exporter_bin, "manifests"], env=environment, cwd=tmp_path).stdout
     # The launcher script comes with the install; without its extra it says which to install.
     no_launcher = subprocess.run([str(bin_dir / "launcher"), "--help"], env=environment, cwd=tmp_path,

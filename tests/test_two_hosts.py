@@ -37,6 +37,7 @@ from alerts.config import DEFAULT
 from alerts.prometheus import config, render, rule_files
 from exporter.contract import wire
 from scripts import hosts
+from scripts.drill.run import FAST_FORS
 from tests.conftest import REPO, RunningPrometheus, binary, exporter_command, http_get, wait_until
 from tests.ray_testcluster import FAST, RAY
 
@@ -46,7 +47,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300),
 CLUSTER = "two-hosts"
 GCS_PORT, DASHBOARD_PORT = 6379, 8265  # each host has its own ports: Ray's defaults are free there
 EXPORTER_PORT = wire.EXPORTER_PORT
-SCALE = 1 / 30  # the drill's: RaypulseExporterDown's `for: 1m` becomes 2s
+# The drill's scale and short RaypulseExporterDown (FAST_FORS; 10m by default, as kps' TargetDown): 1m becomes 2s.
+SCALE = 1 / 30
 # Ray declares a node dead after 10 failed health checks (each a 1s timeout and a 1s pause: about
 # 20s), well after Prometheus has seen the cut-off exporter down (about 4s: RaypulseExporterDown's
 # scaled `for` is 2s) and before the head drops the node from /sd.
@@ -182,7 +184,7 @@ def scene(request: pytest.FixtureRequest) -> Iterator[Scene]:
                            == 200, 30, f"the exporter of {name}")
                 assert process.poll() is None, (base / f"exporter-{name}.log").read_text()
 
-            build.write_rules(base / "rules", DEFAULT.scaled(SCALE))
+            build.write_rules(base / "rules", DEFAULT.with_fors(FAST_FORS).scaled(SCALE))
             scene.prometheus = start_prometheus(a, base / "prometheus", render(config(
                 sd_url=f"{nodes['head'].exporter_url}{wire.SD_PATH}", scrape_interval="1s",
                 evaluation_interval="1s", rules=rule_files(base / "rules"))))

@@ -1,13 +1,17 @@
 """The exporter itself: a scrape target down or missing, a collector failing or stuck, OTLP push
 failing, training reports refused or about to be, clients refused because it is busy; and the
 Watchdog, which always fires so that a silent pipeline (Prometheus or Alertmanager down) is noticed
-by whoever expects it.
+by whoever expects it: opt-in (Config.watchdog), since kube-prometheus-stack brings its own.
+
+RaypulseExporterDown is a warning after 10m, as kube-prometheus-stack's TargetDown: a node that is
+really gone also raises RaypulseRayNodeLost (critical) as soon as Ray declares it dead.
 """
 
 from __future__ import annotations
 
 from alerts.config import Config
 from alerts.model import AT_NODE, Alert, Group
+from alerts.prometheus import WATCHDOG
 
 
 def group(c: Config) -> Group:
@@ -16,7 +20,7 @@ def group(c: Config) -> Group:
     otlp = "raypulse_exporter_otlp_exports_total"
     otlp_window = t("RaypulseExporterOtlpPushFailing").window
     return Group("exporter", "The exporter itself (targets, collectors, OTLP, progress endpoint)", [
-        Alert("RaypulseExporterDown", "critical", "exporter", f"{up} == 0",
+        Alert("RaypulseExporterDown", "warning", "exporter", f"{up} == 0",
               "A raypulse exporter cannot be scraped.",
               f"Prometheus cannot scrape the exporter on {AT_NODE}: the node, or the exporter on it, is down. "
               "Its GPU, node and training metrics are missing."),
@@ -65,8 +69,9 @@ def group(c: Config) -> Group:
     ])
 
 
-def meta_group(c: Config) -> Group:
-    return Group("meta", "The alerting pipeline itself", [
+def watchdog_group(c: Config) -> Group:
+    """Its own rule file (rules/watchdog.yaml with Config.watchdog, else the opt-in rules/watchdog.yml)."""
+    return Group(WATCHDOG, "The alerting pipeline itself", [
         Alert("RaypulseWatchdog", "none", "meta", "vector(1)",
               "Always firing: proves that Prometheus, Alertmanager and the receiver work.",
               "The Watchdog of the Prometheus at {{ $externalURL }} always fires; a dead man's switch "

@@ -1,6 +1,7 @@
 """Training progress, from what the job reports through `exporter.progress` (raypulse_train_*):
 stalls, throughput against the job's own recent baseline, NaN/Inf and spiking loss, stale
-checkpoints, straggler ranks.
+checkpoints, straggler ranks. They keep the job's `namespace` where there is one (BY_JOB); the per-rank
+ones keep every label of their series.
 
 A job that reports nothing has no raypulse_train_* series and none of these can fire for it;
 RaypulseJobDriverLogSilent is the hang signal that needs no instrumentation.
@@ -9,7 +10,7 @@ RaypulseJobDriverLogSilent is the hang signal that needs no instrumentation.
 from __future__ import annotations
 
 from alerts.config import Config
-from alerts.model import AT_JOB, AT_RANK, RAY_JOB, Alert, Group, Record, cap, increased
+from alerts.model import AT_JOB, AT_RANK, BY_JOB, RAY_JOB, Alert, Group, Record, cap, increased
 
 # Recording rules are named level:metric:operation with the window in the operation (kubernetes-mixin's
 # habit), so a rule's name says what it averages over.
@@ -28,7 +29,7 @@ def group(c: Config) -> Group:
     throughput, step_rate = THROUGHPUT.format(window=drop.rate_window), STEP_RATE.format(window=straggler.window)
     return Group("training", "Training progress (stalls, throughput, loss, checkpoints, stragglers)", [
         Alert("RaypulseTrainingStalled", "critical", "training", f"""
-            time() - max by ({RAY_JOB}) (raypulse_train_last_progress_time_seconds)
+            time() - max by ({BY_JOB}) (raypulse_train_last_progress_time_seconds)
               > {t("RaypulseTrainingStalled").age.seconds}
             and {RUNNING}
             """,
@@ -37,9 +38,9 @@ def group(c: Config) -> Group:
               "while the job is running: it is hung or stuck."),
         # Tokens per second where the job reports tokens, else samples per second.
         Record(throughput, f"""
-            sum by ({RAY_JOB}) (rate(raypulse_train_tokens_total[{drop.rate_window}]))
+            sum by ({BY_JOB}) (rate(raypulse_train_tokens_total[{drop.rate_window}]))
             or
-            sum by ({RAY_JOB}) (rate(raypulse_train_samples_total[{drop.rate_window}]))
+            sum by ({BY_JOB}) (rate(raypulse_train_samples_total[{drop.rate_window}]))
             """),
         Alert("RaypulseTrainingThroughputDropped", "warning", "training", f"""
             {throughput}
@@ -64,7 +65,7 @@ def group(c: Config) -> Group:
               f"The loss of {AT_RANK} is {{{{ $value | printf \"%.1f\" }}}} standard deviations above its mean "
               f"over the {spike.baseline} before the last {spike.skip}."),
         Alert("RaypulseTrainingCheckpointTooOld", "warning", "training", f"""
-            time() - max by ({RAY_JOB}) (raypulse_train_last_checkpoint_time_seconds)
+            time() - max by ({BY_JOB}) (raypulse_train_last_checkpoint_time_seconds)
               > {t("RaypulseTrainingCheckpointTooOld").age.seconds}
             and {RUNNING}
             """,
@@ -75,8 +76,8 @@ def group(c: Config) -> Group:
         Alert("RaypulseTrainingStragglerRank", "warning", "training", f"""
             {step_rate}
               < {ON_JOB} group_left ()
-                {straggler.ratio:g} * quantile by ({RAY_JOB}) (0.5, {step_rate})
-            and {ON_JOB} count by ({RAY_JOB}) ({step_rate}) > 1
+                {straggler.ratio:g} * quantile by ({BY_JOB}) (0.5, {step_rate})
+            and {ON_JOB} count by ({BY_JOB}) ({step_rate}) > 1
             """,
               "A rank of a training job advances much slower than the others.",
               f"{cap(AT_RANK)} advances {{{{ $value | printf \"%.3g\" }}}} steps per second, under "

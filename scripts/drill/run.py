@@ -16,11 +16,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from alerts import build
-from alerts.config import DEFAULT
+from alerts.config import DEFAULT, Config
 from exporter.contract import wire
 from scripts import stack
 from scripts.drill.faults import QUICK, Context, Expect, Fault, catalog
@@ -30,6 +30,8 @@ from scripts.webhook import Received, Webhook
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "job.py"
 SCALE = 1 / 30  # every `for`, window and age of alerts/config.py, e.g. for: 5m -> 10s (Config.scaled)
+# A node cut off is news within seconds here: RaypulseExporterDown's `for` as before kps' 10m (2 s at SCALE).
+FAST_FORS = {"RaypulseExporterDown": "1m"}
 SCRAPE_SECONDS = 1  # scrape and rule evaluation interval
 SLACK_SECONDS = 8.0  # Alertmanager's group_wait (1 s), delivery, and a busy 2-core machine
 GPU_WORKER, CPU_WORKER, SPARE = "gpu-1", "cpu-1", "spare"
@@ -73,9 +75,15 @@ class Report:
             and not self.healthy_alerts
 
 
+def drill_config() -> Config:
+    """The rules the drill runs: the Watchdog among them (no kube-prometheus-stack here), FAST_FORS, at SCALE.
+    tests/test_two_hosts.py runs the same."""
+    return replace(DEFAULT, watchdog=True).with_fors(FAST_FORS).scaled(SCALE)
+
+
 def budget(expect: Expect, fault: Fault) -> float:
     """scrape + evaluation interval + the alert's scaled `for` + the source's own delay + slack."""
-    for_ = DEFAULT.scaled(SCALE).tune(expect.alertname).for_.seconds
+    for_ = drill_config().tune(expect.alertname).for_.seconds
     return 2 * SCRAPE_SECONDS + for_ + fault.source_delay + SLACK_SECONDS
 
 
@@ -156,7 +164,7 @@ def run(quick: bool = False, healthy_seconds: float = 240.0, workdir: Path | Non
     os.environ[wire.ENV_HOME] = str(workdir / "launcher-home")  # the drill's cluster stays out of ~/.raypulse
     os.environ.update(_exporter_env(gpu_control))  # inherited by the launcher's nodes and exporters
     rules = workdir / "rules"
-    build.write_rules(rules, DEFAULT.scaled(SCALE))
+    build.write_rules(rules, drill_config())
     spec = {"name": "drill", "simulate_gpus": True,
             "entrypoint": f"python {JOB} --control {job_control} --ranks 2 --gpu-rank",
             **_ports(3),
@@ -213,7 +221,7 @@ def run(quick: bool = False, healthy_seconds: float = 240.0, workdir: Path | Non
                       submission_id=sid, job_gpu=job_gpu,
                       free_gpus=[i for i in range(SIMULATED_GPUS) if i != job_gpu],
                       cluster_processes=list(launcher_processes(name)), restart_spare=spare.restart,
-                      stall_age=DEFAULT.scaled(SCALE).tune("RaypulseTrainingStalled").age.seconds)
+                      stall_age=drill_config().tune("RaypulseTrainingStalled").age.seconds)
         faults = [fault for fault in catalog(ctx) if not quick or fault.key in QUICK]
         injected = inject_each(faults, hook, budget, report.outcomes, lambda text: log(f"drill: {text}"))
         received = hook.snapshot()

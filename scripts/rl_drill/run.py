@@ -15,11 +15,12 @@ import os
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from alerts.build import rule_files
 from alerts.config import DEFAULT, Config
+from alerts.prometheus import DEFAULT_SUFFIX, WATCHDOG
 from exporter.contract import wire
 from scripts import stack
 from scripts.drill import run as drill
@@ -33,14 +34,15 @@ SCALE = 1 / 120  # every duration of alerts/config.py: for: 10m -> 5s, a phase s
 MIN_WINDOW = 5  # seconds: range windows keep 5 samples at a 1 s scrape
 SCRAPE_SECONDS = 1
 SLACK_SECONDS = 8.0
-RULE_FILES = ("rl.yaml", "meta.yaml")  # the RL alerts and the Watchdog
+RULE_FILES = (f"rl{DEFAULT_SUFFIX}", f"{WATCHDOG}{DEFAULT_SUFFIX}")  # the RL alerts and the Watchdog
 RL_BOARD = "raypulse-rl"
 COLLECTOR_INTERVALS = {"gpu": 1, "train": 1, "ray": 2, "ray_head": 2, "ray_processes": 2}
 SIMULATED_GPUS = 2  # GPU 0: the EnvRunner (generator), GPU 1: the Learner (trainer)
 
 
 def drill_config() -> Config:
-    return DEFAULT.scaled(SCALE, MIN_WINDOW)
+    """The RL rules at SCALE, with the Watchdog loaded (no kube-prometheus-stack here)."""
+    return replace(DEFAULT, watchdog=True).scaled(SCALE, MIN_WINDOW)
 
 
 @dataclass
