@@ -25,8 +25,9 @@ DASHBOARDS = {path.stem: json.loads(path.read_text()) for path in sorted(JSON_DI
 SHARD = prometheus_scale.SHARD_LABEL  # the external label `launcher prometheus-config --shards` sets
 # Cluster c1: node n1 (GPUs a, b) on shard 0, node n2 (GPUs c, d) on shard 1; job s1 holds all four.
 # Cluster c2 (node m1, job s2) is what $cluster and $submission leave out.
+# GPU x on n2 is lost (raypulse_gpu_up 0, no other family): counted among the GPUs, never as an idle one.
 GPUS = {("c1", "n1", "a"): 0.25, ("c1", "n1", "b"): 0.75, ("c1", "n2", "c"): 1.0, ("c1", "n2", "d"): 0.5,
-        ("c2", "m1", "e"): 0.0}
+        ("c1", "n2", "x"): None, ("c2", "m1", "e"): 0.0}
 SHARD_OF = {"n1": "0", "n2": "1", "m1": "0"}
 JOB_OF = {"c1": ("01000000", "s1"), "c2": ("02000000", "s2")}
 MEMORY_TOTAL, MEMORY_USED_SHARE, WATTS = 100 * 2**30, 0.25, 200
@@ -34,7 +35,7 @@ C1, S1 = {"cluster": "c1"}, {"cluster": "c1", "submission_id": "s1"}
 N1, N2 = {"cluster": "c1", "node": "n1"}, {"cluster": "c1", "node": "n2"}
 # What each panel's queries (in order) must return for c1 and s1, however the records are stored.
 EXPECTED = {
-    ("raypulse-cluster", "GPUs"): [[(C1, 4)]],
+    ("raypulse-cluster", "GPUs"): [[(C1, 5)]],
     ("raypulse-cluster", "GPU utilization"): [[(C1, 0.625)]],
     ("raypulse-cluster", "GPU memory in use"): [[(C1, MEMORY_USED_SHARE)]],
     ("raypulse-cluster", "GPU power"): [[(C1, 4 * WATTS)]],
@@ -61,6 +62,9 @@ def raw_series() -> list[dict[str, str]]:
                "uuid": uuid}
         job_id, submission = JOB_OF[cluster]
         held = {**gpu, "job_id": job_id, "submission_id": submission}
+        if utilization is None:
+            series.append(_series("raypulse_gpu_up", gpu, 0))
+            continue
         series += [_series("raypulse_gpu_up", gpu, 1), _series("raypulse_gpu_utilization_ratio", gpu, utilization),
                    _series("raypulse_gpu_memory_total_bytes", gpu, MEMORY_TOTAL),
                    _series("raypulse_gpu_memory_used_bytes", gpu, MEMORY_TOTAL * MEMORY_USED_SHARE),
@@ -83,11 +87,16 @@ def sharded_records() -> list[dict[str, str]]:
         shard = SHARD_OF[node]
         job_id, submission = JOB_OF[cluster]
         per_job = {"cluster": cluster, "job_id": job_id, "submission_id": submission, SHARD: shard}
-        for record, value in ((common.CLUSTER_GPUS, 1), (common.CLUSTER_UTILIZATION, utilization),
+        add(common.CLUSTER_GPUS, 1, cluster=cluster, **{SHARD: shard})
+        add(common.NODE_GPUS, 1, cluster=cluster, node=node, **{SHARD: shard})
+        if utilization is None:  # lost: only its raypulse_gpu_up
+            continue
+        add(common.CLUSTER_UTILIZATION_GPUS, 1, cluster=cluster, **{SHARD: shard})
+        add(common.NODE_UTILIZATION_GPUS, 1, cluster=cluster, node=node, **{SHARD: shard})
+        for record, value in ((common.CLUSTER_UTILIZATION, utilization),
                               (common.CLUSTER_MEMORY_USED, MEMORY_TOTAL * MEMORY_USED_SHARE),
                               (common.CLUSTER_MEMORY_TOTAL, MEMORY_TOTAL), (common.CLUSTER_POWER, WATTS)):
             add(record, value, cluster=cluster, **{SHARD: shard})
-        add(common.NODE_GPUS, 1, cluster=cluster, node=node, **{SHARD: shard})
         add(common.NODE_UTILIZATION, utilization, cluster=cluster, node=node, **{SHARD: shard})
         for record, value in ((common.JOB_GPUS, 1), (common.JOB_UTILIZATION, utilization),
                               (common.JOB_SM, utilization / 2), (common.JOB_MEMORY, 2**30),

@@ -27,11 +27,14 @@ JOB_POWER_SUM = "cluster_job:raypulse_gpu_power_usage_watts:sum"
 JOB_UTILIZATION_SUM = "cluster_job:raypulse_gpu_utilization_ratio:sum"
 CLUSTER_GPUS_COUNT = "cluster:raypulse_gpus:count"
 CLUSTER_UTILIZATION_SUM = "cluster:raypulse_gpu_utilization_ratio:sum"
+# GPUs that report a utilization: a lost GPU or one in MIG mode has none, and must not count as idle.
+CLUSTER_UTILIZATION_COUNT = "cluster:raypulse_gpu_utilization_ratio:count"
 CLUSTER_MEMORY_SUM = "cluster:raypulse_gpu_memory_used_bytes:sum"
 CLUSTER_MEMORY_TOTAL_SUM = "cluster:raypulse_gpu_memory_total_bytes:sum"
 CLUSTER_POWER_SUM = "cluster:raypulse_gpu_power_usage_watts:sum"
 NODE_GPUS_COUNT = "cluster_node:raypulse_gpus:count"
 NODE_UTILIZATION_SUM = "cluster_node:raypulse_gpu_utilization_ratio:sum"
+NODE_UTILIZATION_COUNT = "cluster_node:raypulse_gpu_utilization_ratio:count"
 
 
 def group(_: Config) -> Group:
@@ -48,9 +51,11 @@ def group(_: Config) -> Group:
         # Per cluster (and per node for the fleet's node heatmap).
         Record(CLUSTER_GPUS_COUNT, "count by (cluster) (raypulse_gpu_up)"),
         Record(CLUSTER_UTILIZATION_SUM, "sum by (cluster) (raypulse_gpu_utilization_ratio)"),
+        Record(CLUSTER_UTILIZATION_COUNT, "count by (cluster) (raypulse_gpu_utilization_ratio)"),
         Record(CLUSTER_MEMORY_SUM, "sum by (cluster) (raypulse_gpu_memory_used_bytes)"),
         Record(CLUSTER_MEMORY_TOTAL_SUM, "sum by (cluster) (raypulse_gpu_memory_total_bytes)"),
         Record(CLUSTER_POWER_SUM, "sum by (cluster) (raypulse_gpu_power_usage_watts)"),
         Record(NODE_GPUS_COUNT, "count by (cluster, node) (raypulse_gpu_up)"),
         Record(NODE_UTILIZATION_SUM, "sum by (cluster, node) (raypulse_gpu_utilization_ratio)"),
+        Record(NODE_UTILIZATION_COUNT, "count by (cluster, node) (raypulse_gpu_utilization_ratio)"),
     ])

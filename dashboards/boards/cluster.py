@@ -14,8 +14,9 @@ from dashboards.boards.common import (
     CLUSTER_MEMORY_USED,
     CLUSTER_POWER,
     CLUSTER_UTILIZATION,
-    NODE_GPUS,
+    CLUSTER_UTILIZATION_GPUS,
     NODE_UTILIZATION,
+    NODE_UTILIZATION_GPUS,
     NOT_IDLE,
     UID_CLUSTER,
     UID_JOB,
@@ -88,7 +89,7 @@ SUMMARY = Row("Cluster", collapsed=False, panels=(
     Panel("GPUs", "short", (Target(recorded(S, CLUSTER_GPUS, PER_CLUSTER), "{{cluster}}"),),
           "GPUs the cluster's exporters report, answering or lost.", kind="stat", width=6, height=4),
     Panel("GPU utilization", "percentunit", (
-        Target(recorded_average(S, CLUSTER_UTILIZATION, CLUSTER_GPUS, PER_CLUSTER), "{{cluster}}"),),
+        Target(recorded_average(S, CLUSTER_UTILIZATION, CLUSTER_UTILIZATION_GPUS, PER_CLUSTER), "{{cluster}}"),),
         "Average utilization over all of the cluster's GPUs. " + NO_READING_IS_IDLE, kind="stat", width=6,
         height=4, min=0, max=1),
     Panel("GPU memory in use", "percentunit", (
@@ -99,11 +100,11 @@ SUMMARY = Row("Cluster", collapsed=False, panels=(
     Panel("GPU power", "watt", (Target(recorded(S, CLUSTER_POWER, PER_CLUSTER), "{{cluster}}"),),
           "Power drawn by all of the cluster's GPUs together.", kind="stat", width=6, height=4, min=0),
     Panel("GPU utilization heat map", "percentunit", (
-        Target(recorded_average(S, NODE_UTILIZATION, NODE_GPUS, PER_NODE), "{{node}}"),),
+        Target(recorded_average(S, NODE_UTILIZATION, NODE_UTILIZATION_GPUS, PER_NODE), "{{node}}"),),
         "How busy the cluster's nodes are: each column is the spread of the nodes' average GPU utilization "
         "(one GPU's own: the GPU dashboard). " + NO_READING_IS_IDLE, kind="heatmap", width=12, height=9),
     Panel("GPU utilization by node", "percentunit", (
-        Target(recorded_average(S, NODE_UTILIZATION, NODE_GPUS, PER_NODE), "{{node}}"),),
+        Target(recorded_average(S, NODE_UTILIZATION, NODE_UTILIZATION_GPUS, PER_NODE), "{{node}}"),),
         "Average GPU utilization per node (click: the node's GPUs). " + NO_READING_IS_IDLE, width=12, height=9,
         min=0, max=1, links=(to_gpu("GPUs of ${__field.labels.node}", one_gpu=False),)),
     Panel("Jobs", "short", (

@@ -28,11 +28,13 @@ STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
 # They ship wherever the alert rules do; docs/dashboards.md says which panels read them.
 CLUSTER_GPUS = "cluster:raypulse_gpus:count"
 CLUSTER_UTILIZATION = "cluster:raypulse_gpu_utilization_ratio:sum"
+CLUSTER_UTILIZATION_GPUS = "cluster:raypulse_gpu_utilization_ratio:count"  # lost and MIG GPUs left out
 CLUSTER_MEMORY_USED = "cluster:raypulse_gpu_memory_used_bytes:sum"
 CLUSTER_MEMORY_TOTAL = "cluster:raypulse_gpu_memory_total_bytes:sum"
 CLUSTER_POWER = "cluster:raypulse_gpu_power_usage_watts:sum"
 NODE_GPUS = "cluster_node:raypulse_gpus:count"
 NODE_UTILIZATION = "cluster_node:raypulse_gpu_utilization_ratio:sum"
+NODE_UTILIZATION_GPUS = "cluster_node:raypulse_gpu_utilization_ratio:count"
 JOB_GPUS = "cluster_job:raypulse_job_gpus:count"
 JOB_SM = "cluster_job:raypulse_job_gpu_sm_utilization_ratio:sum"
 JOB_MEMORY = "cluster_job:raypulse_job_gpu_memory_used_bytes:sum"
