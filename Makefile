@@ -37,7 +37,7 @@ demo: install system-deps
 test: install system-deps lint
 	$(PY) -m pytest
 
-# The quick lane (about 3 minutes on 2 cores): everything but the tests that start Ray or a whole Prometheus stack.
+# The quick lane (about 5 minutes on 2 cores): everything but the tests that start Ray or a whole Prometheus stack.
 test-quick: install system-deps lint
 	$(PY) -m pytest -m "not ray and not slow"
 
@@ -73,8 +73,8 @@ bench-scale: install
 	$(PY) -m bench.scale --section prometheus --sizes 50,200,400
 
 docs: install
-	$(VENV)/bin/exporter metrics --format markdown --output docs/metrics.md
-	$(VENV)/bin/exporter config-reference --output docs/configuration.md
+	$(VENV)/bin/exporter metrics -o markdown --out docs/metrics.md
+	$(VENV)/bin/exporter config-reference --out docs/configuration.md
 
 # Grafana dashboards: dashboards/json/*.json, dashboards/provisioning/ and docs/dashboards.md from dashboards/boards/.
 dashboards: install

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import logging
 import os
 import re
@@ -16,9 +17,10 @@ import click
 # In this order, before the rest: _malloc tunes glibc's malloc when the process serves (before the imports
 # fill the heap); aiohttp_lazy imports aiohttp (which plugins import) without its import-time loads of the CA
 # store and the MIME types, both left to their first use.
-from exporter import __version__, _malloc, aiohttp_lazy, plugins, profiles, redact  # noqa: F401
+from exporter import __version__, _malloc, aiohttp_lazy, outputflag, plugins, profiles, redact  # noqa: F401
 from exporter._malloc import cap_malloc_arenas, pin_mmap_threshold
 from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig, unknown_environment
+from exporter.outputflag import format_option
 
 EXIT_CONFIG_ERROR = 2
 
@@ -198,8 +200,9 @@ def serve(config_file: Path | None, **flag_args: Any) -> None:
 
 @main.command("check-config", cls=_NodeExporterFlags)
 @_config_options
-def check_config(config_file: Path | None, **flag_args: Any) -> None:
-    """Validate the configuration and print the effective settings as YAML."""
+@format_option(("yaml", "json"))
+def check_config(config_file: Path | None, output: str, **flag_args: Any) -> None:
+    """Validate the configuration and print the effective settings as YAML (-o json: JSON)."""
     import yaml
 
     config = _load(config_file, **flag_args)
@@ -207,44 +210,79 @@ def check_config(config_file: Path | None, **flag_args: Any) -> None:
     effective["otlp"]["headers"] = redact.values(config.otlp.headers)  # API keys are not for the terminal
     if config.otlp.endpoint:
         effective["otlp"]["endpoint"] = redact.url(config.otlp.endpoint)
-    click.echo(yaml.safe_dump(effective, sort_keys=False), nl=False)
+    click.echo(json.dumps(effective, indent=2) if output == "json" else yaml.safe_dump(effective, sort_keys=False),
+               nl=output != "yaml")
+
+
+DOCUMENT_FORMATS = ("markdown", "json")
+WROTE_FORMATS = ("text", "json")
 
 
 @main.command("config-reference")
-@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of stdout.")
-def config_reference(output: Path | None) -> None:
-    """Print every setting with its environment variable and flag (docs/configuration.md)."""
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="Write here instead of stdout.")
+@format_option(DOCUMENT_FORMATS, legacy_path=True)
+def config_reference(out: Path | None, output: str) -> None:
+    """Print every setting with its environment variable and flag (docs/configuration.md); -o json: the
+    settings' JSON schema (defaults, descriptions)."""
     from exporter import reference
 
-    _write(reference.configuration_markdown(), output)
+    output, out = outputflag.resolve("exporter", output, out, DOCUMENT_FORMATS, "--out")
+    _write(reference.configuration_markdown() if output == "markdown" else
+           json.dumps(ExporterConfig.model_json_schema(), indent=2) + "\n", out)
 
 
 @main.command()
-@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
-@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of stdout.")
-def metrics(fmt: str, output: Path | None) -> None:
+@click.option("--format", "fmt", type=click.Choice(DOCUMENT_FORMATS), hidden=True,
+              help="The old spelling of -o (still taken).")
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="Write here instead of stdout.")
+@format_option(DOCUMENT_FORMATS, legacy_path=True)
+def metrics(fmt: str | None, out: Path | None, output: str) -> None:
     """Print the metric catalog (docs/metrics.md is this command's markdown)."""
     from exporter import reference
 
-    _write(reference.markdown() if fmt == "markdown" else reference.as_json() + "\n", output)
+    output, out = outputflag.resolve("exporter", output, out, DOCUMENT_FORMATS, "--out")
+    output = fmt or output
+    _write(reference.markdown() if output == "markdown" else reference.as_json() + "\n", out)
 
 
-def _write(text: str, output: Path | None) -> None:
-    if output:
-        output.write_text(text)
+def _write(text: str, out: Path | None) -> None:
+    if out:
+        out.write_text(text)
     else:
         click.echo(text, nl=False)
 
 
+def _wrote(paths: list[Path], output: str) -> None:
+    """What a command wrote: a `wrote PATH` line each, or -o json's {"wrote": [...]}."""
+    if output == "json":
+        click.echo(json.dumps({"wrote": [str(path) for path in paths]}, indent=2))
+    else:
+        for path in paths:
+            click.echo(f"wrote {path}")
+
+
+def _directory(output: str, directory: Path | None, formats: tuple[str, ...]) -> tuple[str, Path | None]:
+    """`--dir DIR`, or the old `-o DIR` (one deprecation line); a file where the directory goes is refused."""
+    output, directory = outputflag.resolve("exporter", output, directory, formats, "--dir")
+    if directory is not None and directory.exists() and not directory.is_dir():
+        raise click.BadParameter(f"{directory} is a file, not a directory", param_hint="--dir")
+    return output, directory
+
+
 @main.command()
-@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Directory to write dashboards/*.json, rules/*.yaml and alertmanager.yml into.")
-def assets(output: Path) -> None:
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Directory to write dashboards/*.json, rules/*.yaml and alertmanager.yml into (required).")
+@format_option(WROTE_FORMATS, legacy_path=True)
+def assets(directory: Path | None, output: str) -> None:
     """Write the Grafana dashboards and Prometheus rule files that ship with raypulse."""
     from exporter import assets as packaged
 
-    for path in packaged.write(output):
-        click.echo(f"wrote {path}")
+    output, directory = _directory(output, directory, WROTE_FORMATS)
+    if directory is None:
+        raise click.UsageError("give --dir DIR: where the dashboards and rule files go")
+    _wrote(list(packaged.write(directory)), output)
 
 
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -329,21 +367,27 @@ def _affinity(text: str | None) -> dict[str, Any] | None:
 @click.option("--cut", is_flag=True, default=None,
               help="Large clusters: the scrape drops the families no alert needs and no panel depends on "
                    "(per-link NVLink; docs/scale.md).")
-@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--watchdog", is_flag=True, default=None,
+              help="Add RaypulseWatchdog to the PrometheusRule (for an Alertmanager other than "
+                   "kube-prometheus-stack's, which has its own Watchdog).")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Write one YAML file per object into this directory instead of all to stdout.")
+@format_option(("yaml", "json"), legacy_path=True)
 @click.option("--kustomize", "kustomize_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Write a kustomize base and overlays (kube-prometheus-stack, plain) into DIR instead "
                    "(exporter/kustomize/ is this with the defaults).")
 def manifests(node_selector: tuple[str, ...], tolerations: tuple[str, ...], affinity: str | None,
               image_pull_secrets: tuple[str, ...], extra_args: tuple[str, ...], env: tuple[str, ...],
-              unprivileged: bool, pod_network: bool, output: Path | None, kustomize_dir: Path | None,
-              priority_class: str | None, **given: str | None) -> None:
+              unprivileged: bool, pod_network: bool, directory: Path | None, output: str,
+              kustomize_dir: Path | None, priority_class: str | None, **given: str | None) -> None:
     """Kubernetes manifests: ServiceAccount, DaemonSet, Service, ServiceMonitor, PrometheusRule, dashboard
-    ConfigMaps (docs/kubernetes.md)."""
+    ConfigMaps (docs/kubernetes.md). -o json: one v1 List on stdout (with --dir or --kustomize: what was
+    written, as JSON)."""
     from exporter import manifests as k8s
 
-    if output is not None and kustomize_dir is not None:
-        raise click.UsageError("give --output or --kustomize, not both")
+    output, directory = _directory(output, directory, ("yaml", "json"))
+    if directory is not None and kustomize_dir is not None:
+        raise click.UsageError("give --dir or --kustomize, not both")
     settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
     if priority_class is not None:
         settings["priority_class"] = priority_class or None
@@ -357,13 +401,14 @@ def manifests(node_selector: tuple[str, ...], tolerations: tuple[str, ...], affi
     except ValueError as exc:
         click.echo(f"exporter: {exc}", err=True)
         sys.exit(EXIT_CONFIG_ERROR)
+    written = "json" if output == "json" else "text"
     if kustomize_dir is not None:
-        for path in k8s.write_kustomize(k8s.kustomize(options), kustomize_dir):
-            click.echo(f"wrote {path}")
+        _wrote(list(k8s.write_kustomize(k8s.kustomize(options), kustomize_dir)), written)
         return
     objects = k8s.render(options)
-    if output is None:
-        click.echo(k8s.to_yaml(objects), nl=False)
+    if directory is not None:
+        _wrote(list(k8s.write(objects, directory)), written)
+    elif output == "json":
+        click.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
     else:
-        for path in k8s.write(objects, output):
-            click.echo(f"wrote {path}")
+        click.echo(k8s.to_yaml(objects), nl=False)

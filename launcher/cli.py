@@ -7,26 +7,29 @@ Exit codes are launcher.exitcodes.ExitCode; bad input exits 2 before anything st
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 import psutil
 
-from exporter import __version__
+from exporter import __version__, outputflag
+from exporter.outputflag import format_option
 from launcher import api, detach, kuberay, redact, target
 from launcher.backends.base import Backend
 from launcher.backends.existing import client_for
 from launcher.backends.kuberay import KubeRayBackend
 from launcher.backends.local import UP_CLUSTER_NAME, LocalBackend
 from launcher.backends.registry import resolve
-from launcher.display import PlainReporter, Reporter, reporter_for_terminal
+from launcher.display import PlainReporter, Reporter, RichReporter, reporter_for_terminal
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
 from launcher.failing import fail
@@ -52,7 +55,8 @@ def target_options(func: Callable) -> Callable:
 
 EVENTS_SHOWN = 20  # `status` lists the run's latest events; `status -o json` has them all
 QUIET_EVENTS = {"run.placed", "cluster.starting", "cluster.nodes_started", "attempt.submitting"}  # not news
-OUTPUT = click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+FORMATS = ("text", "json")
+OUTPUT = format_option(FORMATS)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -91,13 +95,16 @@ def _summary(record: RunRecord) -> str:
               "submit --no-wait`; where the cluster outlives the command (--address, --cluster, --keep-cluster, "
               "KubeRay). Nothing then retries, watches health or enforces deadlines: a later `launcher submit "
               "--run-id RUN_ID ...` without --no-wait supervises the run from where it is.")
-def submit(file: Path | None, no_wait: bool, **options: Any) -> None:
+@OUTPUT
+def submit(file: Path | None, no_wait: bool, output: str, **options: Any) -> None:
     """Run a job: launcher submit [OPTIONS] -- COMMAND, or launcher submit -f job.yaml.
 
     Starts a local cluster (default), or uses --address/--cluster (or, as `ray job submit`,
     RAY_API_SERVER_ADDRESS / RAY_ADDRESS when they hold a dashboard URL), or applies a KubeRay RayJob
     (--backend kuberay); streams the job's output to stdout and exits with its final state.
     With --no-wait it returns once the job is submitted (see `launcher logs -f`, `status`, `stop`).
+    -o json: stdout holds only the run as `launcher status -o json` shows it, once it ends (the job's
+    output is kept for `launcher logs`), or right away with --no-wait.
     """
     try:
         data, source = spec_data(file, options)
@@ -108,23 +115,29 @@ def submit(file: Path | None, no_wait: bool, **options: Any) -> None:
             spec = detach.spec_for_no_wait(spec, backend)
     except BadInput as exc:
         fail("submit", exc, ExitCode.BAD_INPUT)
-    if not backend.followed:
-        try:
-            note = backend.hand_off()
-        except BadInput as exc:
-            fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)
-        click.echo(f"launcher: {note}", err=True)
-        if no_wait:
-            click.echo(spec.run_id)
-        return
     cancel = threading.Event()
     _signals_to(cancel)
-    reporter = reporter_for_terminal()
+    reporter = _reporter(spec)
     if taken is not None:
         reporter.info(taken.note)
+    if not backend.followed:  # its platform supervises the run; the launcher watches it to its end
+        try:
+            record = backend.hand_off(reporter, cancel, detach=no_wait)
+        except BadInput as exc:
+            reporter.close()
+            fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)
+        reporter.close()
+        if output == "json":
+            _print_run(record)
+        elif no_wait:
+            click.echo(spec.run_id)
+        if no_wait:
+            return
+        sys.exit(record.exit_code)
     reporter.info(f"run {spec.run_id} ({backend.describe()})")
     try:
-        handle = api.submit(spec, reporter=reporter, cancel=cancel, follow_logs=not no_wait, detach=no_wait)
+        handle = api.submit(spec, reporter=reporter, cancel=cancel, follow_logs=not no_wait and output == "text",
+                            detach=no_wait)
     except BadInput as exc:
         reporter.close()
         fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)
@@ -137,12 +150,45 @@ def submit(file: Path | None, no_wait: bool, **options: Any) -> None:
         fail("submit", exc, ExitCode.INFRA_ERROR, run_id=spec.run_id)
     if no_wait:
         reporter.close()
-        click.echo(spec.run_id)  # alone on stdout: RUN=$(launcher submit --no-wait ...)
+        if output == "json":
+            _print_run(handle.record)
+        else:
+            click.echo(spec.run_id)  # alone on stdout: RUN=$(launcher submit --no-wait ...)
         return
     record = handle.wait()
     reporter.info(_summary(record))
     reporter.close()
+    if output == "json":
+        _print_run(record)
     sys.exit(record.exit_code)
+
+
+def _reporter(spec: JobSpec) -> Reporter:
+    """The launcher's lines as --log-style/--log-color say (Ray's meanings): record is plain lines,
+    pretty the live display, auto pretty on a terminal; colour forced on or off through Rich's own
+    FORCE_COLOR / NO_COLOR."""
+    if spec.log_style == "record":
+        return PlainReporter()
+    if spec.log_style == "auto" and spec.log_color != "true" and not sys.stderr.isatty():
+        return reporter_for_terminal()
+    color = {"true": {"FORCE_COLOR": "1"}, "false": {"NO_COLOR": "1"}}.get(spec.log_color, {})
+    with _environment(color):
+        return RichReporter()
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """os.environ with `values` while a console is built (Rich reads them once, then)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _stop_before_start(spec: JobSpec, backend: Backend) -> None:
@@ -154,6 +200,11 @@ def _stop_before_start(spec: JobSpec, backend: Backend) -> None:
 
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _print_run(record: RunRecord) -> None:
+    """A run as `launcher status -o json` prints it."""
+    _print_json(redact.details(record.model_dump(mode="json", exclude={"spec"})))
 
 
 def _when(stamp: float | None) -> str:
@@ -220,35 +271,48 @@ def _run_or_dir(run_id: str | None, run_dir: Path | None) -> str | Path:
 @main.command(name="report")
 @click.argument("run_id", required=False)
 @RUN_DIR
-@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
               help="The HTML file [<the run's directory>/report.html; with --run-dir: <DIR name>-report.html here].")
 @click.option("--prometheus", metavar="URL", help="A Prometheus with raypulse's rules: the alerts that fired (and "
               "the series of a run not recorded) [the run's own --prometheus].")
-def report_command(run_id: str | None, run_dir: Path | None, output: Path | None, prometheus: str | None) -> None:
-    """Write a run's report: one HTML file that opens from disk with no network (docs/reports.md)."""
+@format_option(legacy_path=True)
+def report_command(run_id: str | None, run_dir: Path | None, out: Path | None, prometheus: str | None,
+                   output: str) -> None:
+    """Write a run's report: one HTML file that opens from disk with no network (docs/reports.md).
+    Prints the file's path (-o json: {"path": ...})."""
     from launcher import report
 
+    output, out = outputflag.resolve("launcher", output, out, FORMATS, "--out")
     run = _run_or_dir(run_id, run_dir)
-    if run_dir is not None and output is None:
-        output = Path(f"{run_dir.resolve().name}-report.html")  # a directory kept elsewhere is only read
-    click.echo(str(_read("report", lambda: report.render(run, output, prometheus=prometheus))))
+    if run_dir is not None and out is None:
+        out = Path(f"{run_dir.resolve().name}-report.html")  # a directory kept elsewhere is only read
+    path = _read("report", lambda: report.render(run, out, prometheus=prometheus))
+    if output == "json":
+        _print_json({"path": str(path)})
+    else:
+        click.echo(str(path))
 
 
 @main.command(name="export")
 @click.argument("run_id", required=False)
 @RUN_DIR
 @click.option("--format", "fmt", type=click.Choice(["openmetrics"]), default="openmetrics", show_default=True)
-@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
               help="The file [<run id>.om, or <DIR name>.om with --run-dir].")
-def export_command(run_id: str | None, run_dir: Path | None, fmt: str, output: Path | None) -> None:
-    """Write a run's recording for your Prometheus: `promtool tsdb create-blocks-from openmetrics FILE DIR`."""
+@format_option(legacy_path=True)
+def export_command(run_id: str | None, run_dir: Path | None, fmt: str, out: Path | None, output: str) -> None:
+    """Write a run's recording for your Prometheus: `promtool tsdb create-blocks-from openmetrics FILE DIR`.
+    -o json prints {"path", "samples", "left_out"} on stdout."""
     from launcher import export
 
+    output, out = outputflag.resolve("launcher", output, out, FORMATS, "--out")
     run = _run_or_dir(run_id, run_dir)
     name = run_dir.resolve().name if run_dir is not None else run_id
-    path = output or Path(f"{name}.om")
+    path = out or Path(f"{name}.om")
     dropped: list[Any] = []
     samples = _read("export", lambda: export.export_run(run, path, dropped))
+    if output == "json":
+        _print_json({"path": str(path), "samples": samples, "left_out": len(dropped)})
     if dropped:
         click.echo(f"launcher: left out {len(dropped)} series whose metric or label names are not Prometheus "
                    "names (a target could forge samples with them)", err=True)
@@ -264,7 +328,7 @@ def status(run_id: str, address: str | None, cluster: str | None, token_path: Pa
     """Show a run: its state, exit code and every attempt."""
     record = _read("status", lambda: api.status(run_id, address=address, cluster=cluster, token_path=token_path))
     if output == "json":
-        _print_json(redact.details(record.model_dump(mode="json", exclude={"spec"})))
+        _print_run(record)
     else:
         click.echo(_status_text(record))
 
@@ -299,9 +363,13 @@ def logs(run_id: str, attempt: int | None, follow: bool, address: str | None, cl
 @main.command()
 @click.argument("run_id")
 @target_options
-def stop(run_id: str, address: str | None, cluster: str | None, token_path: Path | None) -> None:
+@OUTPUT
+def stop(run_id: str, address: str | None, cluster: str | None, token_path: Path | None, output: str) -> None:
     """Stop a run: its running attempt is stopped and no retry follows (its submit exits 3)."""
     stopped = _read("stop", lambda: api.stop(run_id, address=address, cluster=cluster, token_path=token_path))
+    if output == "json":
+        _print_json({"run_id": run_id, "stopped": list(stopped)})
+        return
     click.echo(f"launcher: stopped {', '.join(stopped)}" if stopped else
                f"launcher: run {run_id} has no running attempt; it will not be retried", err=True)
 
@@ -365,8 +433,10 @@ def list_command(address: str | None, cluster: str | None, token_path: Path | No
 
 @main.command()
 @spec_options
-def up(file: Path | None, **options: Any) -> None:
-    """Start a local cluster without a job; submit to it with --cluster NAME, stop it with down."""
+@OUTPUT
+def up(file: Path | None, output: str, **options: Any) -> None:
+    """Start a local cluster without a job; submit to it with --cluster NAME, stop it with down.
+    -o json prints the cluster's record (dashboard address, token file, exporters)."""
     options["command"] = options.get("command") or ("true",)  # a cluster needs no entrypoint
     options["name"] = options.get("name") or UP_CLUSTER_NAME
     try:
@@ -390,6 +460,9 @@ def up(file: Path | None, **options: Any) -> None:
         reporter.close()
         fail("cluster.up", exc, ExitCode.INFRA_ERROR, cluster=spec.name)
     reporter.close()
+    if output == "json":
+        _print_json(record.model_dump(mode="json"))
+        return
     click.echo(f"cluster {record.name} is up: dashboard {record.address}, token {record.token_path}")
     for exporter in record.exporters:
         click.echo(f"  exporter {exporter.node:<12} {exporter.url}/metrics")
@@ -400,7 +473,8 @@ def up(file: Path | None, **options: Any) -> None:
 @main.command()
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_clusters", is_flag=True, help="Every local cluster recorded here.")
-def down(names: tuple[str, ...], all_clusters: bool) -> None:
+@OUTPUT
+def down(names: tuple[str, ...], all_clusters: bool, output: str) -> None:
     """Tear down local clusters (from up or --keep-cluster)."""
     targets = [item.name for item in list_clusters()] if all_clusters else list(names)
     if not targets:
@@ -409,12 +483,16 @@ def down(names: tuple[str, ...], all_clusters: bool) -> None:
     reporter: Reporter = PlainReporter()
     for name in targets:
         _read("down", lambda name=name: api.down(name, reporter=reporter))
+    if output == "json":
+        _print_json({"down": targets})
 
 
 @main.command()
 @spec_options
-def render(file: Path | None, **options: Any) -> None:
-    """Print the KubeRay manifests of a job: Secret, RayJob (+ exporter sidecars), PodMonitor."""
+@format_option(("yaml", "json"))
+def render(file: Path | None, output: str, **options: Any) -> None:
+    """Print the KubeRay manifests of a job: Secret, RayJob (+ exporter sidecars), PodMonitor (-o json:
+    one v1 List, as kubectl)."""
     options["backend"] = KubeRayBackend.name
     try:
         spec = spec_from_options(file, options).with_run_id()
@@ -422,7 +500,10 @@ def render(file: Path | None, **options: Any) -> None:
     except BadInput as exc:
         fail("render", exc, ExitCode.BAD_INPUT)
     Journal().emit("manifests.rendered", run_id=spec.run_id, namespace=spec.namespace)
-    click.echo(kuberay.to_yaml(manifests), nl=False)
+    if output == "json":
+        _print_json({"apiVersion": "v1", "kind": "List", "items": manifests})
+    else:
+        click.echo(kuberay.to_yaml(manifests), nl=False)
 
 
 

@@ -21,7 +21,6 @@ import bcrypt
 import yaml
 
 from exporter.config import read_yaml_file
-from exporter.webconfig import load_web_config
 from launcher.state import ExporterAccess, write_private
 
 WEB_CONFIG_FILE = "exporter-web-config.yml"
@@ -86,6 +85,8 @@ def prepare_web_config(source: Path, directory: Path) -> ExporterAccess:
     """Write the launcher's copy of the user's web config into `directory` (0600) and say how to reach
     exporters serving it. The user's file was checked with the spec (JobSpec.exporter_web_config);
     raises exporter.config.ConfigError if it changed into something that cannot work since."""
+    from exporter.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
+
     config = load_web_config(source)  # with its certificate paths resolved against its folder
     data = read_yaml_file(source, "web config file")
     tls = config.tls_server_config

@@ -9,6 +9,7 @@ is a word. A flag is dropped only when it was not given: `--max-retries 0` is 0.
 
 from __future__ import annotations
 
+import json
 import shlex
 import typing
 from collections.abc import Callable
@@ -51,6 +52,16 @@ SPEC_OPTIONS: dict[str, str] = {
     "label": "labels",
     "image": "image",
     "run_id": "run_id",
+    "submission_id": "submission_id",
+    "metadata_json": "metadata",
+    "entrypoint_num_cpus": "entrypoint_num_cpus",
+    "entrypoint_num_gpus": "entrypoint_num_gpus",
+    "entrypoint_memory": "entrypoint_memory",
+    "entrypoint_resources": "entrypoint_resources",
+    "headers": "headers",
+    "verify": "verify",
+    "log_style": "log_style",
+    "log_color": "log_color",
     "backend": "backend",
     "address": "address",
     "cluster": "cluster",
@@ -67,6 +78,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "pod_template": "pod_template",
     "no_sidecar": "sidecar",
     "queue": "queue",
+    "release": "release",
     "exporter_image": "exporter_image",
     "exporter_web_config": "exporter_web_config",
     "exporter_web_config_secret": "exporter_web_config_secret",
@@ -151,6 +163,38 @@ def parse_worker_group(text: str) -> dict[str, Any]:
     return group
 
 
+JSON_OPTIONS = {"metadata_json": "--metadata-json", "entrypoint_resources": "--entrypoint-resources",
+                "headers": "--headers"}  # `ray job submit`'s JSON-valued flags: each a JSON object
+
+
+def _json_object(flag: str, text: str) -> dict[str, Any]:
+    """A JSON-object flag's value; the error names the flag and never repeats the text (--headers may
+    hold a credential)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise SpecError(f"{flag}: not valid JSON ({exc}); give an object like '{{\"key\": \"value\"}}'") from None
+    if not isinstance(value, dict):
+        raise SpecError(f"{flag}: give a JSON object like '{{\"key\": \"value\"}}', not a {type(value).__name__}")
+    return value
+
+
+class BoolOrPath(click.ParamType):
+    """`--verify`, as `ray job submit` takes it: true/1, false/0, or a CA bundle file or directory."""
+
+    name = "BOOL|CA_PATH"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> bool | str:
+        if isinstance(value, bool):
+            return value
+        text = str(value)
+        if text.lower() in ("true", "1"):
+            return True
+        if text.lower() in ("false", "0"):
+            return False
+        return text
+
+
 def spec_from_options(file: Path | None, options: dict[str, Any]) -> JobSpec:
     """The spec file (if any) with the given flags laid over it, validated."""
     return build_spec(*spec_data(file, options))
@@ -190,6 +234,9 @@ def spec_data(file: Path | None, options: dict[str, Any]) -> tuple[dict[str, Any
     if command:
         data["entrypoint"] = command[0] if len(command) == 1 else shlex.join(command)
     data = _runtime_env_flags(data, given)
+    for key, flag in JSON_OPTIONS.items():
+        if key in given:
+            data[SPEC_OPTIONS[key]] = _json_object(flag, given.pop(key))
     head = {key.removeprefix("head_"): given.pop(key) for key in ("head_cpus", "head_memory") if key in given}
     if "head_resource" in given:
         head["resources"] = _pairs("--head-resource", given.pop("head_resource"), float)
@@ -260,6 +307,26 @@ def spec_options(func: Callable) -> Callable:
         click.option("--label", multiple=True, metavar="KEY=VALUE", help="Other label (repeatable, bounded)."),
         click.option("--image", help="Container image on Kubernetes [rayproject/ray:<this Ray>]."),
         click.option("--run-id", help="Idempotency key: re-running with it follows the run instead of repeating it."),
+        click.option("--submission-id", metavar="ID", help="Ray submission id of the job (as `ray job submit`): "
+                     "attempt 1 is ID, attempt N ID-a<N>; without --run-id also the idempotency key (submitting it "
+                     "again follows that run)."),
+        click.option("--metadata-json", metavar="JSON", help="Ray job metadata, a JSON object (raypulse.* keys are "
+                     "the launcher's)."),
+        click.option("--entrypoint-num-cpus", type=float, help="CPUs reserved for the entrypoint (driver) [0]."),
+        click.option("--entrypoint-num-gpus", type=float, help="GPUs reserved for the entrypoint (driver) [0]."),
+        click.option("--entrypoint-memory", type=int, metavar="BYTES",
+                     help="Memory reserved for the entrypoint (local, existing; not a RayJob field) [0]."),
+        click.option("--entrypoint-resources", metavar="JSON",
+                     help="Custom resources reserved for the entrypoint, a JSON object: '{\"accel\": 1}'."),
+        click.option("--headers", metavar="JSON", help="HTTP headers of the calls to --address's dashboard, a JSON "
+                     "object (never recorded or shown)."),
+        click.option("--verify", type=BoolOrPath(), help="TLS verification of --address's dashboard: true, false, "
+                     "or a CA bundle file or directory [true]."),
+        click.option("--log-style", type=choices("log_style"), help="The launcher's own lines: pretty (live "
+                     "progress), record (plain lines), auto (pretty on a terminal) "
+                     f"[{default('log_style')}]."),
+        click.option("--log-color", type=choices("log_color"), help="Colour the launcher's lines; auto: on a "
+                     f"terminal [{default('log_color')}]."),
         click.option("--backend", type=choices("backend"),
                      help="Where to run [local; existing when --address/--cluster is given, or on submit "
                      "RAY_API_SERVER_ADDRESS/RAY_ADDRESS]."),
@@ -286,6 +353,8 @@ def spec_options(func: Callable) -> Callable:
                      "volumes, serviceAccountName, imagePullSecrets...; a container named `ray` merges into Ray's)."),
         click.option("--no-sidecar", is_flag=True, help="No exporter sidecar in the Ray pods (and no PodMonitor)."),
         click.option("--queue", help="Kueue LocalQueue (adds kueue.x-k8s.io/queue-name)."),
+        click.option("--release", metavar="NAME", help="kube-prometheus-stack's Helm release: the PodMonitor gets "
+                     "release=NAME, which its Prometheus selects on."),
         click.option("--exporter-image", help="Exporter sidecar image on Kubernetes [the raypulse exporter image "
                      "of this version]."),
         click.option("--exporter-web-config", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",

@@ -57,10 +57,14 @@ def _without_address_env() -> Iterator[None]:
 class JobsClient:
     """One cluster's Jobs API. Construction checks the cluster; errors say what to fix."""
 
-    def __init__(self, address: str, token: str | None, field: str = "address") -> None:
-        self.dashboard = RayDashboard(address, token)
+    def __init__(self, address: str, token: str | None, field: str = "address", headers: dict[str, str] | None = None,
+                 verify: bool | str | None = None) -> None:
+        # headers and verify: `ray job submit --headers/--verify` (an existing cluster behind a proxy, or
+        # with its own CA); the token's Authorization header wins over one given there.
+        self.dashboard = RayDashboard(address, token, headers, verify)
         self.address = self.dashboard.address
         self.headers = self.dashboard.headers
+        self.verify = True if verify is None else verify
         self.ray_version = self._check(field)
         from ray.job_submission import JobSubmissionClient
 
@@ -68,7 +72,7 @@ class JobsClient:
         # lines; the launcher reports what matters itself.
         logging.getLogger("ray").setLevel(logging.WARNING)
         with _without_address_env():
-            self._client = JobSubmissionClient(self.address, headers=self.headers)
+            self._client = JobSubmissionClient(self.address, headers=self.headers, verify=self.verify)
 
     def _check(self, field: str) -> str:
         try:
@@ -109,9 +113,10 @@ class JobsClient:
             raise ClusterLost(f"lost contact with the Ray dashboard at {self.address}: {exc}") from None
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any],
-               metadata: dict[str, str]) -> None:
+               metadata: dict[str, str], **entrypoint_options: Any) -> None:
+        """Submit one Ray job; entrypoint_options: entrypoint_num_cpus/_num_gpus/_memory/_resources."""
         self._client.submit_job(entrypoint=entrypoint, submission_id=submission_id,
-                                runtime_env=runtime_env or None, metadata=metadata)
+                                runtime_env=runtime_env or None, metadata=metadata, **entrypoint_options)
 
     def stop(self, submission_id: str) -> bool:
         try:

@@ -282,11 +282,28 @@ def _worker_group(spec: JobSpec, group: WorkerGroup, labels: dict[str, str], nod
     }
 
 
+def _entrypoint_fields(spec: JobSpec) -> dict[str, Any]:
+    """`ray job submit`'s --submission-id and --entrypoint-* as the RayJob's fields (entrypointResources
+    is a JSON string there). A RayJob has no field for the entrypoint's memory: the spec refuses it
+    on this backend (launcher/backends/kinds.py)."""
+    fields: dict[str, Any] = {}
+    if spec.submission_id:
+        fields["jobId"] = spec.submission_id  # KubeRay submits with it (each retry on a new cluster)
+    if spec.entrypoint_num_cpus is not None:
+        fields["entrypointNumCpus"] = spec.entrypoint_num_cpus
+    if spec.entrypoint_num_gpus is not None:
+        fields["entrypointNumGpus"] = spec.entrypoint_num_gpus
+    if spec.entrypoint_resources:
+        fields["entrypointResources"] = json.dumps(spec.entrypoint_resources, sort_keys=True)
+    return fields
+
+
 def render(spec: JobSpec, token: str | None = None, release: str | None = None) -> list[dict[str, Any]]:
     """The manifests, in apply order: Secret, RayJob, PodMonitor (none with `sidecar` off). No object
     names a namespace: they land where they are applied (`kubectl apply -n`, the context's namespace).
     `token`: the Ray auth token (default: the run's, run_token). `release`: the `release` label
-    kube-prometheus-stack's Prometheus selects PodMonitors by (its Helm release's name)."""
+    kube-prometheus-stack's Prometheus selects PodMonitors by (its Helm release's name; default: the spec's)."""
+    release = release or spec.release
     spec = spec.with_run_id()
     # The submitter pod passes the runtime env to the Jobs API: it cannot upload this machine's files.
     if spec.working_dir and not is_remote(spec.working_dir):
@@ -346,6 +363,7 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None) 
     }
     if env:
         rayjob["spec"]["runtimeEnvYAML"] = yaml.safe_dump(env, sort_keys=False)
+    rayjob["spec"].update(_entrypoint_fields(spec))
     if spec.active_deadline_seconds:
         rayjob["spec"]["activeDeadlineSeconds"] = spec.active_deadline_seconds
     if spec.pre_running_deadline_seconds:

@@ -6,6 +6,8 @@ the cluster's token. Submitting, following and stopping jobs goes through Ray's 
 from __future__ import annotations
 
 import json
+import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -34,17 +36,33 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirects)
 
 
+def _tls(verify: bool | str | None) -> ssl.SSLContext | None:
+    """The TLS context of `verify` as Ray's clients take it: True/None (default), False, or a CA file/dir."""
+    if verify is None or verify is True:
+        return None
+    if verify is False:  # asked for with --verify false, as Ray's client takes it
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    return ssl.create_default_context(**({"capath": verify} if os.path.isdir(verify) else {"cafile": verify}))
+
+
 class RayDashboard:
-    def __init__(self, address: str, token: str | None) -> None:
+    def __init__(self, address: str, token: str | None, headers: dict[str, str] | None = None,
+                 verify: bool | str | None = None) -> None:
         self.address = address.rstrip("/")
         self.token = token
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers = {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
+        self._tls = _tls(verify)
 
     def get(self, path: str, timeout: float = 10) -> tuple[int, bytes]:
         """(HTTP status, body) of GET address+path; OSError when the dashboard cannot be reached."""
         request = urllib.request.Request(self.address + path, headers=self.headers)
+        opener = _OPENER if self._tls is None else urllib.request.build_opener(
+            _NoRedirects, urllib.request.HTTPSHandler(context=self._tls))
         try:
-            with _OPENER.open(request, timeout=timeout) as response:
+            with opener.open(request, timeout=timeout) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as error:
             return error.code, error.read()

@@ -26,7 +26,7 @@ from pydantic import (
 from exporter.config import ConfigError, read_yaml_file
 from exporter.contract import strict, wire
 from exporter.contract.strict import Strict
-from exporter.webconfig import load_web_config
+from launcher import submission
 from launcher.backends import kinds
 from launcher.entrypoint import EntrypointError, validate_entrypoint
 from launcher.errors import BadInput
@@ -197,6 +197,28 @@ class JobSpec(_Strict):
     labels: dict[str, str] = Field(default_factory=dict, description="other bounded labels")
     image: str = Field(default_factory=_default_image, description="container image (Kubernetes)")
     run_id: str | None = Field(None, description="idempotency key of the run; attempts are <run_id>-a<N>")
+    submission_id: str | None = Field(None, description="Ray submission id of the first attempt (as `ray job submit "
+                                      "--submission-id`); attempt N>1 is <submission_id>-a<N>. Without run_id it "
+                                      "is also the idempotency key: the run id is derived from it "
+                                      "(launcher/submission.py)")
+    metadata: dict[str, str] = Field(default_factory=dict, description="Ray job metadata (as `ray job submit "
+                                     "--metadata-json`), beside the raypulse.* keys the launcher sets (reserved)")
+    entrypoint_num_cpus: float | None = Field(None, ge=0, description="CPUs reserved for the entrypoint (driver)")
+    entrypoint_num_gpus: float | None = Field(None, ge=0, description="GPUs reserved for the entrypoint (driver)")
+    entrypoint_memory: int | None = Field(None, ge=0, description="memory in bytes reserved for the entrypoint "
+                                          "(local, existing: a RayJob has no field for it)")
+    entrypoint_resources: dict[str, float] = Field(default_factory=dict, description="custom resources reserved "
+                                                   "for the entrypoint (NAME: quantity)")
+    # Headers may carry credentials: kept out of the run's record (exclude) and out of reprs.
+    headers: dict[str, str] | None = Field(None, exclude=True, repr=False, description="HTTP headers of the "
+                                           "launcher's calls to an existing cluster's dashboard (never recorded)")
+    verify: bool | str | None = Field(None, description="TLS verification of an existing cluster's dashboard: "
+                                      "true, false, or a CA bundle file or directory (default: true)")
+    log_style: Literal["auto", "record", "pretty"] = Field("auto", description="the launcher's own lines, as "
+                                                           "`ray job submit --log-style`: pretty, record (plain), "
+                                                           "auto (pretty on a terminal)")
+    log_color: Literal["auto", "false", "true"] = Field("auto", description="colour the launcher's lines, as "
+                                                        "`ray job submit --log-color`; auto: on a terminal")
     backend: Backend | None = Field(None, description="local (default), existing (--address/--cluster), kuberay")
     address: str | None = Field(None, description="dashboard URL of an existing Ray cluster")
     cluster: str | None = Field(None, description="a kept local cluster (launcher up / --keep-cluster)")
@@ -220,6 +242,8 @@ class JobSpec(_Strict):
     sidecar: bool = Field(True, description="run the exporter beside Ray in every pod, with a PodMonitor "
                           "(Kubernetes)")
     queue: str | None = Field(None, description="Kueue LocalQueue name")
+    release: str | None = Field(None, description="kube-prometheus-stack's Helm release: the PodMonitor gets the "
+                                "`release` label its Prometheus selects on")
     exporter_image: str | None = Field(None, description="exporter sidecar image (default: the raypulse "
                                         "exporter image of this version, exporter/manifests.py DEFAULT_IMAGE)")
     exporter_web_config: Path | None = Field(None, description="web config file (TLS, basic auth; exporter-toolkit "
@@ -264,7 +288,41 @@ class JobSpec(_Strict):
     def _dns_id(cls, value: str | None) -> str | None:
         return value if value is None else _dns_label(value, MAX_RUN_ID)
 
-    @field_validator("namespace", "queue")
+    @field_validator("submission_id")
+    @classmethod
+    def _submission_id(cls, value: str | None) -> str | None:
+        if value is not None and not submission.VALID.fullmatch(value):
+            raise ValueError(f"{value!r} must be 1-{submission.MAX_LENGTH} letters, digits, '-', '_' or '.'")
+        return value
+
+    @field_validator("verify")
+    @classmethod
+    def _ca_path(cls, value: bool | str | None) -> bool | str | None:
+        if isinstance(value, str) and not Path(value).expanduser().exists():
+            raise ValueError(f"{value!r} is neither true/false nor a CA bundle file or directory that exists")
+        return str(Path(value).expanduser().absolute()) if isinstance(value, str) else value
+
+    @field_validator("entrypoint_resources")
+    @classmethod
+    def _custom_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        reserved = sorted(set(value) & RESERVED_RESOURCES)
+        if reserved:
+            raise ValueError(f"{reserved[0]!r} is not a custom resource; use entrypoint_num_cpus, "
+                             "entrypoint_num_gpus or entrypoint_memory (as `ray job submit`)")
+        if any(quantity < 0 for quantity in value.values()):
+            raise ValueError("quantities must be >= 0")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _user_metadata(cls, value: dict[str, str]) -> dict[str, str]:
+        clash = sorted(key for key in value if key.startswith(wire.META_PREFIX))
+        if clash:
+            raise ValueError(f"key {clash[0]!r} is reserved: the launcher sets the {wire.META_PREFIX}* keys; "
+                             "rename it (or use --label KEY=VALUE for a label)")
+        return value
+
+    @field_validator("namespace", "queue", "release")
     @classmethod
     def _kubernetes_name(cls, value: str | None) -> str | None:
         if value is not None and (not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value) or len(value) > 63):
@@ -356,6 +414,8 @@ class JobSpec(_Strict):
         launcher's own reads of the exporters (the health watcher) cannot present."""
         if self.exporter_web_config is None:
             return
+        from exporter.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
+
         fix = "fix the file, or leave --exporter-web-config out"
         try:
             config = load_web_config(self.exporter_web_config)
@@ -393,9 +453,12 @@ class JobSpec(_Strict):
         return sum(group.count for group in self.worker_groups)
 
     def with_run_id(self) -> JobSpec:
-        """This spec with a run id: the given one, or `<name>-<8 hex>` for a new run."""
+        """This spec with a run id: the given one, the one derived from the submission id, or
+        `<name>-<8 hex>` for a new run."""
         if self.run_id:
             return self
+        if self.submission_id:  # the user's idempotency key, as `ray job submit --submission-id`
+            return self.model_copy(update={"run_id": submission.run_id_of(self.submission_id)})
         return self.model_copy(update={"run_id": f"{self.name}-{secrets.token_hex(4)}"})
 
 

@@ -113,7 +113,7 @@ def test_every_alert_has_a_runbook_section_with_meaning_confirmation_and_action(
 
 
 def test_rules_read_only_metrics_the_exporter_has():
-    catalog = json.loads(subprocess.run([sys.executable, "-m", "exporter", "metrics", "--format", "json"],
+    catalog = json.loads(subprocess.run([sys.executable, "-m", "exporter", "metrics", "-o", "json"],
                                         cwd=REPO, capture_output=True, text=True, check=True).stdout)
     names = {family["name"] for family in catalog}
     used = set()

@@ -77,9 +77,10 @@ def test_a_spec_resolves_to_its_backend(data: dict, backend: type):
 # A value for each field some backend takes (exporter_web_config is a file, read as the spec is checked:
 # tests/test_launcher_spec.py has it).
 FIELD_VALUES = {"address": "http://head:8265", "cluster": "dev", "token_path": "/t", "keep_cluster": True,
-                "simulate_gpus": True, "queue": "q", "exporter_image": "img", "otlp_endpoint": "http://c:4318",
-                "checkpoint_dir": "/ckpt", "exporter_web_config_secret": "web", "context": "kind-dev",
-                "pod_template": {"spec": {"priorityClassName": "high"}}}
+                "simulate_gpus": True, "queue": "q", "release": "kps", "exporter_image": "img",
+                "otlp_endpoint": "http://c:4318", "checkpoint_dir": "/ckpt", "exporter_web_config_secret": "web",
+                "context": "kind-dev", "pod_template": {"spec": {"priorityClassName": "high"}},
+                "entrypoint_memory": 2**30, "headers": {"X-Team": "nlp"}, "verify": True}
 
 
 def test_every_field_a_backend_takes_is_tried():

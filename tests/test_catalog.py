@@ -12,7 +12,7 @@ from tests.conftest import REPO, exporter_command
 
 
 def test_docs_metrics_md_is_generated_from_the_catalog():
-    generated = subprocess.run(exporter_command("metrics", "--format", "markdown"), capture_output=True, text=True,
+    generated = subprocess.run(exporter_command("metrics", "-o", "markdown"), capture_output=True, text=True,
                                check=True, timeout=60, cwd=REPO).stdout
     committed = (REPO / "docs" / "metrics.md").read_text()
     assert committed == generated, "docs/metrics.md is stale: run `make docs`"

@@ -284,7 +284,7 @@ def test_the_command_writes_one_file_per_object(tmp_path, validators):
 
 
 def test_assets_writes_the_packaged_dashboards_and_rules(tmp_path):
-    result = CliRunner().invoke(main, ["assets", "--output", str(tmp_path)])
+    result = CliRunner().invoke(main, ["assets", "--dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     repo = Path(__file__).resolve().parent.parent
     for written, source in ((tmp_path / "dashboards", repo / "dashboards" / "json"),
@@ -458,3 +458,14 @@ def test_the_command_takes_every_knob(tmp_path, validators):
         refused = CliRunner().invoke(main, ["manifests", *bad])
         assert refused.exit_code == 2, (bad, refused.output)
         assert message in refused.output, (bad, refused.output)
+
+
+def test_the_command_line_adds_our_watchdog_only_when_asked():
+    def alerts(*flags: str) -> set[str]:
+        result = subprocess.run([sys.executable, "-m", "exporter", "manifests", "-o", "json", *flags],
+                                capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent)
+        assert result.returncode == 0, result.stderr
+        [rule] = [item for item in json.loads(result.stdout)["items"] if item["kind"] == "PrometheusRule"]
+        return _alerts(rule)
+
+    assert alerts("--watchdog") - alerts() == {"RaypulseWatchdog"}

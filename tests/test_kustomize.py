@@ -141,5 +141,5 @@ def test_the_knobs_reach_a_generated_base_and_its_overlays(tmp_path, validators)
     (tmp_path / "base" / "99-configmap-stale.yaml").write_text("stale\n")
     assert CliRunner().invoke(main, ["manifests", "--kustomize", str(tmp_path)]).exit_code == 0
     assert not (tmp_path / "base" / "99-configmap-stale.yaml").exists()
-    refused = CliRunner().invoke(main, ["manifests", "--kustomize", str(tmp_path), "-o", str(tmp_path / "x")])
+    refused = CliRunner().invoke(main, ["manifests", "--kustomize", str(tmp_path), "--dir", str(tmp_path / "x")])
     assert refused.exit_code == 2

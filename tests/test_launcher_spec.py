@@ -26,7 +26,8 @@ from launcher.flags import SPEC_OPTIONS, default, parse_worker_group, spec_from_
 from launcher.spec import JobSpec, SpecError, build_spec, format_memory, parse_memory
 from tests.conftest import REPO, free_port
 
-META_OPTIONS = {"file", "no_wait"}  # submit's options that are not spec fields (no_wait: how the command ends)
+META_OPTIONS = {"file", "no_wait", "output"}  # submit's options that are not spec fields (how the command ends,
+# what it prints)
 
 
 def leaf_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
@@ -84,6 +85,7 @@ def submit_spec(*args: str) -> JobSpec:
     """The spec `launcher submit ARGS` runs, from click's own parsing of the flags."""
     params = dict(main.commands["submit"].make_context("submit", list(args)).params)
     params.pop("no_wait")
+    params.pop("output")
     return spec_from_options(params.pop("file"), params)
 
 

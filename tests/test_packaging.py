@@ -241,7 +241,7 @@ def test_the_image_install_steps_give_a_working_exporter_without_ray(tmp_path):
     exporter_bin = str(bin_dir / "exporter")
     assert "serve" in _run([exporter_bin, "--help"], env=environment, cwd=tmp_path).stdout
     assert "raypulse_gpu_" in _run([exporter_bin, "metrics"], env=environment, cwd=tmp_path).stdout
-    _run([exporter_bin, "assets", "-o", str(tmp_path / "assets")], env=environment, cwd=tmp_path)
+    _run([exporter_bin, "assets", "--dir", str(tmp_path / "assets")], env=environment, cwd=tmp_path)
     assert sorted(p.name for p in (tmp_path / "assets" / "dashboards").iterdir()) == sorted(
         p.name for p in (REPO / "dashboards" / "json").glob("*.json"))
     assert sorted(p.name for p in (tmp_path / "assets" / "opt-in").iterdir()) == ["dcgm-compat.yml", "watchdog.yml"]

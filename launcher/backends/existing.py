@@ -28,16 +28,19 @@ from launcher.journal import Journal
 from launcher.state import RunRecord, load_cluster, load_run
 
 if TYPE_CHECKING:
+    from launcher.display import Reporter
     from launcher.spec import JobSpec
 
 
-def client_for(address: str | None, cluster: str | None, token_path: Path | None = None) -> JobsClient:
-    """A Jobs API client for a dashboard URL (with its token) or a kept local cluster by name."""
+def client_for(address: str | None, cluster: str | None, token_path: Path | None = None,
+               headers: dict[str, str] | None = None, verify: bool | str | None = None) -> JobsClient:
+    """A Jobs API client for a dashboard URL (with its token, and the spec's --headers/--verify) or a
+    kept local cluster by name."""
     if cluster:
         return cluster_client(cluster)[1]
     if not address:
         raise BadInput("address: give --address URL (a Ray dashboard) or --cluster NAME (a kept local cluster)")
-    return JobsClient(address, read_token(token_path))
+    return JobsClient(address, read_token(token_path), headers=headers, verify=verify)
 
 
 class DrainRemedy:
@@ -82,8 +85,9 @@ class ExistingBackend(ExistingKind):
             if client is not None or not record.address:
                 return client
             submitted_with = record.spec.get("token_path")
+            # --verify is recorded; --headers are not (they may hold credentials).
             return JobsClient(record.address, read_token(token_path or (Path(submitted_with) if submitted_with
-                                                                       else None)))
+                                                                       else None)), verify=record.spec.get("verify"))
         except BadInput:
             return None
 
@@ -93,7 +97,7 @@ class ExistingBackend(ExistingKind):
     def no_wait_refusal(self) -> str | None:
         return None  # the cluster outlives the command
 
-    def hand_off(self) -> str:
+    def hand_off(self, reporter: Reporter, cancel: threading.Event, detach: bool) -> RunRecord:
         raise NotImplementedError("runs on an existing cluster are followed")
 
     def checkpoint_dir(self) -> str | None:
@@ -107,7 +111,7 @@ class ExistingBackend(ExistingKind):
 
     def place(self, journal: Journal, cancel: threading.Event, detach: bool) -> Placement:
         spec, kept = self.spec, self.kept
-        client = client_for(spec.address, spec.cluster, spec.token_path)
+        client = client_for(spec.address, spec.cluster, spec.token_path, spec.headers, spec.verify)
         journal.emit("run.placed", address=client.address, cluster=spec.cluster)
         exporters: Exporters = ClusterExporters(lambda: kept) if kept is not None else DeployedExporters(client)
         return Placement(client=client, exporters=exporters, remedy=DrainRemedy(client),

@@ -38,23 +38,28 @@ class Kind:
 
 class LocalKind(Kind):
     name = "local"
-    takes = frozenset({"keep_cluster", "simulate_gpus", "otlp_endpoint", "checkpoint_dir", "exporter_web_config"})
+    takes = frozenset({"keep_cluster", "simulate_gpus", "otlp_endpoint", "checkpoint_dir", "exporter_web_config",
+                       "entrypoint_memory"})
 
 
 class ExistingKind(Kind):
     name = "existing"
-    takes = frozenset({"address", "cluster", "token_path", "otlp_endpoint", "checkpoint_dir"})
+    takes = frozenset({"address", "cluster", "token_path", "otlp_endpoint", "checkpoint_dir", "entrypoint_memory",
+                       "headers", "verify"})
 
     @classmethod
     def refusal(cls, spec: SpecFields) -> str | None:
         if not (spec.address or spec.cluster):
             return f"address: backend '{cls.name}' needs address (a dashboard URL) or cluster (a kept one)"
+        if spec.cluster and (getattr(spec, "headers", None) or getattr(spec, "verify", None) is not None):
+            return ("headers: --headers and --verify are for a dashboard given by --address; a kept local "
+                    "cluster (--cluster) is reached without them")
         return None
 
 
 class KubeRayKind(Kind):
     name = "kuberay"
-    takes = frozenset({"keep_cluster", "queue", "exporter_image", "exporter_web_config_secret", "context",
+    takes = frozenset({"keep_cluster", "queue", "release", "exporter_image", "exporter_web_config_secret", "context",
                        "pod_template"})
     followed = False  # KubeRay retries (backoffLimit) and enforces deadlines itself
 
@@ -77,6 +82,10 @@ _INSTEAD = {
     "exporter_web_config": " (KubeRay: exporter_web_config_secret names a Secret holding it; existing clusters: "
                            "`launcher exporters deploy --web-config FILE`)",
     "exporter_web_config_secret": " (local clusters: exporter_web_config is the file itself)",
+    "entrypoint_memory": " (a RayJob has no field for the entrypoint's memory; leave --entrypoint-memory out, or "
+                         "reserve a custom resource with --entrypoint-resources)",
+    "headers": " (the launcher talks to a cluster it started without them)",
+    "verify": " (the launcher talks to a cluster it started over plain HTTP)",
 }
 
 

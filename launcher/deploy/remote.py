@@ -38,7 +38,6 @@ import yaml
 import exporter
 from exporter.config import ConfigError, read_yaml_file
 from exporter.contract import wire
-from exporter.webconfig import load_web_config
 from launcher.deploy import raypulse_agent
 from launcher.deploy.raypulse_agent import WEB_CONFIG_FILE, WEB_DIR
 from launcher.errors import InfraError
@@ -97,6 +96,8 @@ class WebBundle:
 def web_config_bundle(path: Path) -> WebBundle:
     """Check the user's web config and bundle it with its certificates; with basic auth, add the
     launcher's own user. Raises ConfigError (naming the file) for one that cannot work."""
+    from exporter.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
+
     config = load_web_config(path)
     data = read_yaml_file(path, "web config file")
     files: dict[str, str] = {}

@@ -1,4 +1,4 @@
-"""`launcher report RUN_ID [-o report.html]`: one self-contained HTML file about a run, good,
+"""`launcher report RUN_ID [--out report.html]`: one self-contained HTML file about a run, good,
 failed or still going: its summary (spec, attempts on a timeline, heal events and stacks, where it
 ran), training progress per rank, every GPU's utilization, memory, power and temperature with the
 jobs that used it, node CPU and memory, the faults seen, and (with a Prometheus that has the
