@@ -1,111 +1,28 @@
 """Kubernetes access as kubectl reads it (launcher/kubeaccess.py) and apply (launcher/kuberay.py), through
-the real kubernetes client against a small API server of our own (aiohttp, TLS from trustme) that answers
-the few calls apply makes: the whole KUBECONFIG list merged, the context's namespace, --context, the
-pod's service account as the fallback, a dead or refusing server as one line and exit 2, a missing
-KubeRay CRD named, and ownerReferences to the RayJob on what apply creates besides it."""
+the real kubernetes client against a small API server of our own (tests/fake_kube.py): the whole
+KUBECONFIG list merged, the context's namespace, --context, the pod's service account as the fallback,
+a dead or refusing server as one line and exit 2, a missing KubeRay CRD named, and ownerReferences to
+the RayJob on what apply creates besides it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import ssl
 import subprocess
 import sys
-import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trustme
-import yaml
-from aiohttp import web
 
 from launcher import kubeaccess
 from launcher.errors import BadInput
 from scripts.ports import free_port
 from tests.conftest import REPO
+from tests.fake_kube import TOKEN, FakeApiServer, kubeconfig
 
 pytest.importorskip("kubernetes")
-
-TOKEN = "fake-service-account-token"
-
-
-class FakeApiServer:
-    """The API server calls apply makes, over HTTPS with a bearer token; every request is recorded."""
-
-    def __init__(self, ca: trustme.CA, token: str = TOKEN) -> None:
-        self.token = token
-        self.crd_installed = True
-        self.requests: list[tuple[str, str, Any]] = []
-        self.objects: dict[str, dict[str, Any]] = {}  # path of the object -> object
-        self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
-        self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("127.0.0.1").configure_cert(self._ssl)
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-
-    def __enter__(self) -> FakeApiServer:
-        self._thread.start()
-        assert self._started.wait(10), "the fake API server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_route("*", "/{path:.*}", self._handle)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=self._ssl).start())
-        self._started.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(runner.cleanup())
-
-    @staticmethod
-    def _status(code: int, reason: str, message: str, kind: str | None = None, name: str | None = None) -> web.Response:
-        details = {"kind": kind, "name": name} if kind else {}
-        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-                                  "reason": reason, "details": details, "code": code}, status=code)
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        body = await request.json() if request.can_read_body else None
-        path = request.path
-        self.requests.append((request.method, path, body))
-        if request.headers.get("Authorization", "").removeprefix("Bearer ").removeprefix("bearer ") != self.token:
-            return self._status(401, "Unauthorized", "Unauthorized")
-        if path.rstrip("/") == "/version":
-            return web.json_response({"major": "1", "minor": "33", "gitVersion": "v1.33.0"})
-        parts = path.strip("/").split("/")  # api/v1/namespaces/NS/secrets[/NAME], apis/G/V/namespaces/NS/R[/NAME]
-        group = parts[:2] if parts[0] == "api" else parts[:3]
-        rest = parts[len(group):]
-        if group[:2] == ["apis", "ray.io"] and not self.crd_installed:
-            return web.Response(status=404, text="404 page not found")
-        if len(rest) < 3 or rest[0] != "namespaces":
-            return self._status(404, "NotFound", "not here")
-        resource = rest[2]
-        if request.method == "POST" and len(rest) == 3:
-            key = f"{path}/{body['metadata']['name']}"
-            if key in self.objects:
-                return self._status(409, "AlreadyExists", "already exists", resource, body["metadata"]["name"])
-            stored = {**body, "metadata": {**body["metadata"], "namespace": rest[1], "uid": str(uuid.uuid4())}}
-            self.objects[key] = stored
-            return web.json_response(stored, status=201)
-        if len(rest) == 4 and path in self.objects:
-            if request.method == "GET":
-                return web.json_response(self.objects[path])
-            if request.method == "PATCH" and request.content_type == "application/merge-patch+json":
-                stored = self.objects[path]
-                stored["metadata"].update(body["metadata"])
-                return web.json_response(stored)
-        return self._status(404, "NotFound", f"{resource} not found", resource, rest[3] if len(rest) > 3 else None)
 
 
 @pytest.fixture(scope="module")
@@ -117,24 +34,6 @@ def ca() -> trustme.CA:
 def api_server(ca: trustme.CA) -> Iterator[FakeApiServer]:
     with FakeApiServer(ca) as server:
         yield server
-
-
-def kubeconfig(path: Path, *, server: str, ca_file: Path | None, context: str, namespace: str | None = None,
-               current: str | None = None, token: str = TOKEN) -> Path:
-    cluster: dict[str, Any] = {"server": server}
-    if ca_file:
-        cluster["certificate-authority"] = str(ca_file)
-    entry: dict[str, Any] = {"cluster": f"{context}-cluster", "user": f"{context}-user"}
-    if namespace:
-        entry["namespace"] = namespace
-    config = {"apiVersion": "v1", "kind": "Config",
-              "clusters": [{"name": f"{context}-cluster", "cluster": cluster}],
-              "contexts": [{"name": context, "context": entry}],
-              "users": [{"name": f"{context}-user", "user": {"token": token}}]}
-    if current:
-        config["current-context"] = current
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def launcher(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

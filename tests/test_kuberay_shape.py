@@ -166,3 +166,14 @@ def test_the_token_is_stable_per_run_id(tmp_path: Path):
     key = tmp_path / "home" / "kuberay-token.key"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert first not in key.read_text()
+
+
+def test_release_labels_the_pod_monitor_for_kube_prometheus_stack(tmp_path: Path):
+    documents = rendered(tmp_path, "--release", "kps")
+    [monitor] = [document for document in documents if document["kind"] == "PodMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert all("release" not in document["metadata"].get("labels", {}) for document in documents
+               if document["kind"] != "PodMonitor")
+    refused = render(tmp_path, "--release", "Not A Name")
+    assert refused.returncode == 2
+    assert "release" in refused.stderr

@@ -21,6 +21,7 @@ from launcher.journal import Journal
 from launcher.state import ClusterRecord, ExporterAccess, RunRecord, clear_stop
 
 if TYPE_CHECKING:
+    from launcher.display import Reporter
     from launcher.spec import JobSpec
 
 
@@ -98,8 +99,9 @@ class Backend(Protocol):
         """Why the run cannot be left to its cluster (--no-wait) (None: it can)."""
         ...
 
-    def hand_off(self) -> str:
-        """For a backend that is not followed: hand the run to its platform; what to tell the user."""
+    def hand_off(self, reporter: Reporter, cancel: threading.Event, detach: bool) -> RunRecord:
+        """For a backend that is not followed: hand the run to its platform, record it, and (unless
+        `detach`) watch it to the platform's end of it. The run's record, with its exit code once ended."""
         ...
 
     def checkpoint_dir(self) -> str | None:

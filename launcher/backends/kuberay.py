@@ -1,22 +1,28 @@
 """The KubeRay backend: the run is rendered as a RayJob (launcher/kuberay.py) and applied to the cluster
-of the current kubeconfig context. KubeRay supervises it (backoffLimit retries, activeDeadlineSeconds,
-a new RayCluster per retry), so the launcher hands it off rather than following it."""
+of the kubeconfig context (launcher/kubeaccess.py). KubeRay supervises it (backoffLimit retries,
+activeDeadlineSeconds, a new RayCluster per retry), so the launcher hands it off: it records the run at
+once and watches the RayJob to KubeRay's end of it (launcher/backends/kuberay_follow.py)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher import kuberay
-from launcher.backends.base import Placement
+from launcher.backends import kuberay_follow
+from launcher.backends.base import Placement, new_record
 from launcher.backends.kinds import KubeRayKind
 from launcher.errors import BadInput
 from launcher.jobs import JobsClient
 from launcher.journal import Journal
-from launcher.state import RunRecord
+from launcher.kubeaccess import kube_api
+from launcher.state import RunRecord, claim_supervision, load_run, release_supervision
+from launcher.tracing import RunTrace, traces_url
 
 if TYPE_CHECKING:
+    from launcher.display import Reporter
     from launcher.spec import JobSpec
 
 
@@ -35,11 +41,36 @@ class KubeRayBackend(KubeRayKind):
     def no_wait_refusal(self) -> str | None:
         return None
 
-    def hand_off(self) -> str:
-        applied = kuberay.apply(self.spec)
-        name = applied.rayjob["metadata"]["name"]
-        return (f"applied RayJob {name} in namespace {applied.namespace}; follow it with "
-                f"`kubectl get rayjob {name} -n {applied.namespace} -w`")
+    def hand_off(self, reporter: Reporter, cancel: threading.Event, detach: bool) -> RunRecord:
+        access = kube_api(self.spec.context)
+        assert self.spec.run_id is not None
+        # One launcher follows a run: a second submit of the same run id is refused before it applies.
+        claim_supervision(load_run(self.spec.run_id) or RunRecord(run_id=self.spec.run_id, name=self.spec.name,
+                                                                   backend=self.name))
+        applied = kuberay.apply(self.spec, access)
+        name, namespace = applied.rayjob["metadata"]["name"], applied.namespace
+        spec = self.spec.model_copy(update={"namespace": namespace})  # recorded where it was applied
+        record = (load_run(name) if applied.existed else None) or new_record(spec, self.name)
+        record.pid, record.detached = os.getpid(), False
+        run_trace = RunTrace(traces_url(spec.otlp_endpoint, os.environ), {
+            "raypulse.run_id": spec.run_id, "raypulse.job_name": spec.name, "raypulse.backend": self.name},
+            warn=reporter.warn)
+        record.trace_id = run_trace.trace_id
+        journal = Journal(reporter, record, run_trace)
+        journal.emit("run.placed", address=access.server, namespace=namespace)  # recorded at once
+        reporter.info(f"run {spec.run_id}: RayJob {name} in namespace {namespace} ({access.where()})"
+                      + ("; following the one applied before" if applied.existed else "")
+                      + (f"; {applied.pod_monitor}" if applied.pod_monitor != "ok" else ""))
+        if detach:
+            journal.emit("run.detached", attempt=None, submission_id=name)
+            release_supervision(name)  # `status` and `stop` read and stop it from here on
+            return record
+        try:
+            return kuberay_follow.follow(applied, access, journal, cancel)
+        finally:
+            journal.close(record.state)
+            run_trace.finish(record.state, record.reason, {"raypulse.exit_code": record.exit_code,
+                                                           "raypulse.attempts": len(record.attempts)})
 
     def checkpoint_dir(self) -> str | None:
         return self.spec.checkpoint_dir
@@ -51,5 +82,5 @@ class KubeRayBackend(KubeRayKind):
         raise self._not_followed()
 
     def _not_followed(self) -> BadInput:
-        return BadInput(f"backend: {self.name} runs are handed to KubeRay, not followed by the launcher: "
-                        f"`launcher submit --backend {self.name}` applies them (the backend's hand_off())")
+        return BadInput(f"backend: {self.name} runs are supervised by KubeRay, not by a launcher attempt loop: "
+                        f"`launcher submit --backend {self.name}` applies and watches them (the backend's hand_off())")

@@ -23,6 +23,7 @@ from launcher.run import finish_run
 from launcher.state import ClusterRecord, RunRecord, load_cluster, load_run, private_dir, run_dir
 
 if TYPE_CHECKING:
+    from launcher.display import Reporter
     from launcher.spec import JobSpec
 
 UP_CLUSTER_NAME = "local"  # `launcher up` without --name
@@ -131,7 +132,7 @@ class LocalBackend(LocalKind):
                 "add --keep-cluster (stop it later with `launcher down RUN_ID`), or submit to a running cluster "
                 "(--cluster NAME from `launcher up`, or --address URL)")
 
-    def hand_off(self) -> str:
+    def hand_off(self, reporter: Reporter, cancel: threading.Event, detach: bool) -> RunRecord:
         raise NotImplementedError("local runs are followed")
 
     def checkpoint_dir(self) -> str | None:

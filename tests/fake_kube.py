@@ -1,0 +1,384 @@
+"""A small Kubernetes API server of our own (aiohttp, TLS from trustme, a bearer token) for the KubeRay
+tests, driven through the real kubernetes client: create, get, list, merge-patch, delete and WATCH of
+namespaced objects (RayJobs, Secrets, PodMonitors, Jobs, pods), pod logs (followed too), watches the
+server closes every `watch_close_s` and a compacted history (410 Gone, compact()), and KubeRay's state
+machine for each RayJob created, from a script the test gives per RayJob name.
+
+KubeRay's semantics kept here (rayjob_types.go / rayjob_controller.go): the deployment status moves
+Initializing -> Running -> Complete | Failed; with retries left (spec.backoffLimit) a failed attempt is
+stored as `jobStatus: FAILED` with `jobDeploymentStatus: Retrying` and the next attempt gets a new
+`status.jobId`; on activeDeadlineSeconds the deployment fails with reason DeadlineExceeded while
+`jobStatus` stays RUNNING; ValidationFailed comes before any attempt; a RayJob with Kueue's queue label
+is created suspended (Kueue's webhook) and waits as Suspended until admit(); one suspended while it runs
+goes Suspending -> Suspended, its submitter Job deleted and jobStatus reset. The driver's output is the
+log of the submitter Job's (`<RayJob name>`, one per attempt) pod, labelled
+`batch.kubernetes.io/job-name=<RayJob name>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import secrets
+import ssl
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trustme
+import yaml
+from aiohttp import web
+
+from launcher.backends.kuberay_follow import JOB_NAME_LABEL
+from launcher.kuberay import KUEUE_QUEUE_LABEL
+from scripts.ports import free_port
+
+TOKEN = "fake-service-account-token"
+
+
+@dataclass
+class Attempt:
+    """One KubeRay attempt: how it ends, and what its driver prints."""
+
+    outcome: str = "SUCCEEDED"  # SUCCEEDED, FAILED, STOPPED, DEADLINE, or HOLD (runs until deleted or suspended)
+    log: list[str] = field(default_factory=lambda: ["step 1", "step 2"])
+
+
+VALIDATION_FAILED = "ValidationFailed"
+
+
+def kubeconfig(path: Path, *, server: str, ca_file: Path | None, context: str, namespace: str | None = None,
+               current: str | None = None, token: str = TOKEN) -> Path:
+    cluster: dict[str, Any] = {"server": server}
+    if ca_file:
+        cluster["certificate-authority"] = str(ca_file)
+    entry: dict[str, Any] = {"cluster": f"{context}-cluster", "user": f"{context}-user"}
+    if namespace:
+        entry["namespace"] = namespace
+    config = {"apiVersion": "v1", "kind": "Config",
+              "clusters": [{"name": f"{context}-cluster", "cluster": cluster}],
+              "contexts": [{"name": context, "context": entry}],
+              "users": [{"name": f"{context}-user", "user": {"token": token}}]}
+    if current:
+        config["current-context"] = current
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
+    """JSON merge patch (RFC 7386): null deletes, objects merge, the rest replaces."""
+    for key, value in patch.items():
+        if value is None:
+            into.pop(key, None)
+        elif isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def _matches(obj: dict[str, Any], field_selector: str | None, label_selector: str | None) -> bool:
+    for selector, values in ((field_selector, {"metadata.name": obj["metadata"]["name"]}),
+                             (label_selector, obj["metadata"].get("labels") or {})):
+        for term in filter(None, (selector or "").split(",")):
+            key, _, wanted = term.partition("=")
+            if values.get(key) != wanted:
+                return False
+    return True
+
+
+class FakeApiServer:
+    """The API server; every request is recorded in `requests`; `scripts[name]` is a RayJob's script (a list
+    of Attempts, or VALIDATION_FAILED; default: one attempt that succeeds)."""
+
+    def __init__(self, ca: trustme.CA, token: str = TOKEN, step_s: float = 0.05, watch_close_s: float = 1.0) -> None:
+        self.token = token
+        self.crd_installed = True
+        self.step_s = step_s
+        self.watch_close_s = watch_close_s  # a watch is closed by the server after this long (as real ones are)
+        self.scripts: dict[str, list[Attempt] | str] = {}
+        self.requests: list[tuple[str, str, Any]] = []
+        self.objects: dict[str, dict[str, Any]] = {}  # path of the object -> object
+        self.watches = 0  # watch requests served
+        self._compacted = 0  # a watch from a resourceVersion older than this answers 410 Gone (compact())
+        self.expired = 0  # watches answered 410 Gone
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(self._ssl)
+        self._version = 0
+        self._history: list[tuple[int, str, str, dict[str, Any]]] = []  # (version, collection, type, object)
+        self._logs: dict[str, list[str]] = {}  # pod path -> lines
+        self._ended: set[str] = set()  # pods whose container exited
+        self._machines: dict[str, asyncio.Task] = {}
+        self._loop = asyncio.new_event_loop()
+        self._changed: asyncio.Condition | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> FakeApiServer:
+        self._thread.start()
+        assert self._started.wait(10), "the fake API server did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def cancel_all() -> None:
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks, timeout=5) if tasks else None
+
+        asyncio.run_coroutine_threadsafe(cancel_all(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}")
+
+    def compact(self, namespace: str) -> None:
+        """etcd's compaction: every resourceVersion up to now is too old to watch from (410 Gone); the
+        change that follows (a pod's, not the RayJob's) is where a new list starts."""
+        async def compact() -> None:
+            self._compacted = self._version + 1
+            await self._store(f"/api/v1/namespaces/{namespace}/configmaps/compacted", "ADDED", {
+                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "compacted", "namespace": namespace}})
+
+        asyncio.run_coroutine_threadsafe(compact(), self._loop).result(10)
+
+    def admit(self, namespace: str, name: str) -> None:
+        """Kueue admits a queued RayJob: spec.suspend false."""
+        async def unsuspend() -> None:
+            path = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}"
+            self.objects[path]["spec"]["suspend"] = False
+            await self._store(path, "MODIFIED", self.objects[path])
+
+        asyncio.run_coroutine_threadsafe(unsuspend(), self._loop).result(10)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._changed = asyncio.Condition()
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        runner = web.AppRunner(app, shutdown_timeout=0.5)
+        self._loop.run_until_complete(runner.setup())
+        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=self._ssl).start())
+        self._started.set()
+        self._loop.run_forever()
+
+    # --- objects and their history ----------------------------------------------------------------
+
+    async def _store(self, path: str, kind: str, obj: dict[str, Any] | None) -> None:
+        """One change: a new resourceVersion, kept in the history that watches replay."""
+        self._version += 1
+        if obj is None:
+            obj = self.objects.pop(path)
+        else:
+            obj["metadata"]["resourceVersion"] = str(self._version)
+            self.objects[path] = obj
+        self._history.append((self._version, path.rsplit("/", 1)[0], kind, copy.deepcopy(obj)))
+        assert self._changed is not None
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _status(self, path: str, **status: Any) -> bool:
+        obj = self.objects.get(path)
+        if obj is None:
+            return False
+        obj.setdefault("status", {}).update(status)
+        await self._store(path, "MODIFIED", obj)
+        return True
+
+    # --- KubeRay -----------------------------------------------------------------------------------
+
+    async def _kuberay(self, path: str) -> None:
+        obj = self.objects[path]
+        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        script = self.scripts.get(name, [Attempt()])
+        await asyncio.sleep(self.step_s)
+        if obj["spec"].get("suspend"):  # Kueue's webhook suspended it: it waits for admission (admit())
+            await self._status(path, jobDeploymentStatus="Suspended")
+            while path in self.objects and self.objects[path]["spec"].get("suspend"):
+                await asyncio.sleep(self.step_s)
+        await self._status(path, jobDeploymentStatus="Initializing")
+        if script == VALIDATION_FAILED:
+            await self._status(path, jobDeploymentStatus=VALIDATION_FAILED, reason=VALIDATION_FAILED,
+                               message="invalid RayJob spec: the head group needs a container")
+            return
+        retries = int(obj["spec"].get("backoffLimit") or 0)
+        for number, attempt in enumerate(script, 1):
+            job = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"  # the submitter Job, one per attempt
+            await self._store(job, "ADDED", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+                "name": name, "namespace": namespace, "uid": str(uuid.uuid4())}, "status": {"active": 1}})
+            pod = f"/api/v1/namespaces/{namespace}/pods/{name}-{secrets.token_hex(3)}"
+            self._logs[pod] = []
+            await self._store(pod, "ADDED", {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod.rsplit("/", 1)[1], "namespace": namespace, "uid": str(uuid.uuid4()),
+                             "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                             "labels": {JOB_NAME_LABEL: name}},
+                "status": {"phase": "Running"}})
+            job_id = obj["spec"].get("jobId") or f"{name}-{secrets.token_hex(4)}"  # KubeRay reuses a given one
+            await self._status(path, jobDeploymentStatus="Running", jobId=job_id,
+                               jobStatus="PENDING", rayClusterName=f"{name}-raycluster-{number}", failed=number - 1)
+            await asyncio.sleep(self.step_s)
+            await self._status(path, jobStatus="RUNNING")
+            for line in attempt.log:
+                self._logs[pod].append(line + "\n")
+                await asyncio.sleep(self.step_s)
+            if attempt.outcome == "HOLD":
+                while path in self.objects and not self.objects[path]["spec"].get("suspend"):
+                    await asyncio.sleep(self.step_s)
+                self._ended.add(pod)  # KubeRay deletes the RayCluster and the submitter Job, resets jobStatus
+                await self._status(path, jobDeploymentStatus="Suspending")
+                if job in self.objects:
+                    await self._store(job, "DELETED", None)
+                await self._status(path, jobDeploymentStatus="Suspended", jobStatus="")
+                return
+            self._ended.add(pod)
+            if attempt.outcome == "SUCCEEDED":
+                await self._status(path, jobStatus="SUCCEEDED", jobDeploymentStatus="Complete", succeeded=1)
+                return
+            if attempt.outcome == "STOPPED":
+                await self._status(path, jobStatus="STOPPED", jobDeploymentStatus="Complete")
+                return
+            if attempt.outcome == "DEADLINE":  # jobStatus stays RUNNING
+                await self._status(path, jobDeploymentStatus="Failed", reason="DeadlineExceeded",
+                                   message="The RayJob has passed the activeDeadlineSeconds. DeadlineExceeded")
+                return
+            if number <= retries and number < len(script):  # KubeRay retries; the script says how that ends
+                await self._status(path, jobStatus="FAILED", jobDeploymentStatus="Retrying", failed=number)
+                await asyncio.sleep(self.step_s)
+                await self._status(path, jobDeploymentStatus="Initializing", jobStatus="")
+                await self._store(pod, "DELETED", None)  # a retry deletes the submitter Job and its pod
+                await self._store(job, "DELETED", None)
+                continue
+            await self._status(path, jobStatus="FAILED", jobDeploymentStatus="Failed", reason="AppFailed",
+                               message="Job failed: the driver exited with code 1", failed=number)
+            return
+
+    # --- HTTP --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _error(code: int, reason: str, message: str, kind: str | None = None, name: str | None = None) -> web.Response:
+        details = {"kind": kind, "name": name} if kind else {}
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+                                  "reason": reason, "details": details, "code": code}, status=code)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json() if request.can_read_body else None
+        path = request.path.rstrip("/")
+        self.requests.append((request.method, request.path, body))
+        if request.headers.get("Authorization", "").removeprefix("Bearer ").removeprefix("bearer ") != self.token:
+            return self._error(401, "Unauthorized", "Unauthorized")
+        if path == "/version":
+            return web.json_response({"major": "1", "minor": "33", "gitVersion": "v1.33.0"})
+        parts = path.strip("/").split("/")  # api/v1/namespaces/NS/R[/NAME[/log]], apis/G/V/namespaces/NS/R[/NAME]
+        group = parts[:2] if parts[0] == "api" else parts[:3]
+        rest = parts[len(group):]
+        if group[:2] == ["apis", "ray.io"] and not self.crd_installed:
+            return web.Response(status=404, text="404 page not found")
+        if len(rest) < 3 or rest[0] != "namespaces":
+            return self._error(404, "NotFound", "not here")
+        resource, query = rest[2], request.query
+        if len(rest) == 3 and request.method == "GET":
+            if query.get("watch") in ("true", "1"):
+                return await self._watch(request, path)
+            items = [obj for key, obj in self.objects.items() if key.rsplit("/", 1)[0] == path
+                     and _matches(obj, query.get("fieldSelector"), query.get("labelSelector"))]
+            return web.json_response({"kind": "List", "apiVersion": "v1", "items": items,
+                                      "metadata": {"resourceVersion": str(self._version)}})
+        if len(rest) == 3 and request.method == "POST":
+            key = f"{path}/{body['metadata']['name']}"
+            if key in self.objects:
+                return self._error(409, "AlreadyExists", "already exists", resource, body["metadata"]["name"])
+            if resource == "rayjobs" and KUEUE_QUEUE_LABEL in (body["metadata"].get("labels") or {}):
+                body["spec"]["suspend"] = True  # what Kueue's admission webhook does to a queued RayJob
+            await self._store(key, "ADDED", {**body, "metadata": {**body["metadata"], "namespace": rest[1],
+                                                                  "uid": str(uuid.uuid4())}})
+            if resource == "rayjobs":
+                self._machines[key] = asyncio.ensure_future(self._kuberay(key))
+            return web.json_response(self.objects[key], status=201)
+        if len(rest) == 5 and rest[4] == "log" and resource == "pods":
+            return await self._log(request, path.rsplit("/", 1)[0])
+        if len(rest) == 4 and path in self.objects:
+            if request.method == "GET":
+                return web.json_response(self.objects[path])
+            if request.method == "PATCH" and isinstance(body, dict):
+                stored = self.objects[path]
+                _merge(stored, body)
+                await self._store(path, "MODIFIED", stored)
+                return web.json_response(stored)
+            if request.method == "DELETE":
+                obj = self.objects[path]
+                machine = self._machines.pop(path, None)
+                if machine is not None:
+                    machine.cancel()
+                    for pod in self._logs:  # the RayJob's pods go with it
+                        if pod in self.objects and self.objects[pod]["metadata"]["labels"].get(JOB_NAME_LABEL) \
+                                == obj["metadata"]["name"]:
+                            self._ended.add(pod)
+                await self._store(path, "DELETED", None)
+                return web.json_response({"kind": "Status", "status": "Success"})
+        return self._error(404, "NotFound", f"{resource} not found", resource, rest[3] if len(rest) > 3 else None)
+
+    async def _watch(self, request: web.Request, collection: str) -> web.StreamResponse:
+        """Events of the collection's matching objects after resourceVersion (none given: the current ones as
+        ADDED), until the server closes the watch (watch_close_s, or the client's timeoutSeconds)."""
+        self.watches += 1
+        query = request.query
+        since = int(query.get("resourceVersion") or 0)
+        limit = min(float(query.get("timeoutSeconds", self.watch_close_s)), self.watch_close_s)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+
+        async def send(kind: str, obj: dict[str, Any]) -> None:
+            await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+        if since and since < self._compacted:  # the history is gone: the client must list again
+            self.expired += 1
+            await send("ERROR", {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
+                                 "reason": "Expired", "message": f"too old resource version: {since}"})
+            await response.write_eof()
+            return response
+        if not since:
+            for key, obj in list(self.objects.items()):
+                if key.rsplit("/", 1)[0] == collection and _matches(obj, query.get("fieldSelector"), None):
+                    await send("ADDED", obj)
+            since = self._version
+        deadline = time.monotonic() + limit
+        assert self._changed is not None
+        while (left := deadline - time.monotonic()) > 0:
+            for version, where, kind, obj in [event for event in self._history if event[0] > since]:
+                since = version
+                if where == collection and _matches(obj, query.get("fieldSelector"), None):
+                    await send(kind, obj)
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), left)
+                except TimeoutError:
+                    break
+        await response.write_eof()
+        return response
+
+    async def _log(self, request: web.Request, pod: str) -> web.StreamResponse:
+        if pod not in self._logs:
+            return self._error(404, "NotFound", "pods not found", "pods", pod.rsplit("/", 1)[1])
+        if request.query.get("follow") not in ("true", "1"):
+            return web.Response(text="".join(self._logs[pod]))
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        sent = 0
+        while True:
+            lines = self._logs[pod]
+            if sent < len(lines):
+                await response.write("".join(lines[sent:]).encode())
+                sent = len(lines)
+            elif pod in self._ended:
+                break
+            else:
+                await asyncio.sleep(self.step_s / 2)
+        await response.write_eof()
+        return response

@@ -1,0 +1,261 @@
+"""`launcher submit --backend kuberay` follows the RayJob like any run: against our fake API server with
+KubeRay's state machine (tests/fake_kube.py), through the real kubernetes client and the real CLI. The
+driver's log streams, the run ends on KubeRay's deployment status with the launcher's exit codes, a
+retry is a second attempt in the journal, a watch the server closes is opened again, ValidationFailed
+ends as bad input without hanging, and Ctrl-C or `launcher stop` deletes the RayJob (suspends it under
+Kueue); `status` and `list` know the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from tests.conftest import REPO, wait_until
+from tests.fake_kube import VALIDATION_FAILED, Attempt, FakeApiServer, kubeconfig
+
+pytest.importorskip("kubernetes")
+
+NAMESPACE = "team-a"
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def api_server(ca: trustme.CA) -> Iterator[FakeApiServer]:
+    with FakeApiServer(ca, watch_close_s=0.3) as server:  # watches end often: each is opened again
+        yield server
+
+
+@pytest.fixture
+def env(tmp_path: Path, ca: trustme.CA, api_server: FakeApiServer) -> dict[str, str]:
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    config = kubeconfig(tmp_path / "config", server=api_server.url, ca_file=ca_file, context="team",
+                        namespace=NAMESPACE, current="team")
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("KUBERNETES_")}
+    return {**clean, "KUBECONFIG": str(config), "RAYPULSE_HOME": str(tmp_path / "home")}
+
+
+def launcher(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=REPO,
+                          env=env, timeout=timeout)
+
+
+def submit(env: dict[str, str], run_id: str, *flags: str) -> subprocess.CompletedProcess:
+    return launcher(env, "submit", "--backend", "kuberay", "--run-id", run_id, *flags, "--", "python train.py")
+
+
+def record(env: dict[str, str], run_id: str) -> dict:
+    result = launcher(env, "status", run_id, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_a_run_streams_the_drivers_log_and_exits_0(env: dict[str, str], api_server: FakeApiServer):
+    lines = [f"step {step} loss {1 / step:.3f}" for step in range(1, 21)]  # longer than a watch lasts
+    api_server.scripts["ok-1"] = [Attempt("SUCCEEDED", lines)]
+    result = submit(env, "ok-1")
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if line.startswith("step ")] == lines  # each line once
+    assert "run ok-1: RayJob ok-1 in namespace team-a" in result.stderr
+    assert api_server.watches >= 2  # the server closed the watch; it was opened again
+    run = record(env, "ok-1")
+    assert (run["state"], run["exit_code"], len(run["attempts"])) == ("SUCCEEDED", 0, 1)
+    assert run["attempts"][0]["submission_id"] == api_server.rayjob(NAMESPACE, "ok-1")["status"]["jobId"]
+    saved = launcher(env, "logs", "ok-1")
+    assert saved.returncode == 0, saved.stderr
+    assert saved.stdout.splitlines() == lines
+    listed = launcher(env, "list", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert any(row["run_id"] == "ok-1" and row["state"] == "SUCCEEDED" for row in json.loads(listed.stdout)["runs"])
+
+
+def test_a_watch_too_old_to_resume_starts_from_a_fresh_list(env: dict[str, str], api_server: FakeApiServer):
+    """After a compaction the RayJob's own resourceVersion is too old to watch from (410 Gone, for good):
+    the follower lists it again and watches from the list's version, and still sees the stop."""
+    api_server.scripts["gone-1"] = [Attempt("HOLD", ["waiting"])]
+    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
+                                "gone-1", "--", "python train.py"], cwd=REPO, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: _running(env, "gone-1"), 60, "the RayJob to run")
+        api_server.compact(NAMESPACE)
+        watches = api_server.watches
+        wait_until(lambda: api_server.watches >= watches + 2, 60, "the follower to watch again")
+        assert api_server.expired == 1  # one 410, then it watches from the list's version, not the object's
+        assert launcher(env, "stop", "gone-1").returncode == 0
+        assert process.wait(60) == 3, process.stderr.read()
+    finally:
+        process.kill()
+    assert api_server.rayjob(NAMESPACE, "gone-1") is None
+
+
+def test_a_retried_run_is_followed_through_its_retries(env: dict[str, str], api_server: FakeApiServer):
+    api_server.scripts["retry-1"] = [Attempt("FAILED", ["first try"]), Attempt("SUCCEEDED", ["second try"])]
+    result = submit(env, "retry-1", "--max-retries", "1")
+    assert result.returncode == 0, result.stderr
+    assert "first try\nsecond try\n" in result.stdout
+    run = record(env, "retry-1")
+    assert [attempt["status"] for attempt in run["attempts"]] == ["FAILED", "SUCCEEDED"]
+    assert len({attempt["submission_id"] for attempt in run["attempts"]}) == 2  # a new jobId each
+    assert "retry.scheduled" in [event["kind"] for event in run["events"]]
+    assert launcher(env, "logs", "retry-1", "--attempt", "1").stdout == "first try\n"
+
+
+def test_a_given_submission_id_is_kept_across_kuberays_retries(env: dict[str, str], api_server: FakeApiServer):
+    """KubeRay reuses spec.jobId (from --submission-id) on every retry: the attempts still come apart."""
+    api_server.scripts["kept-1"] = [Attempt("FAILED", ["first try"]), Attempt("SUCCEEDED", ["second try"])]
+    result = submit(env, "kept-1", "--max-retries", "1", "--submission-id", "raysubmit_kept")
+    assert result.returncode == 0, result.stderr
+    run = record(env, "kept-1")
+    assert [(attempt["attempt"], attempt["status"], attempt["submission_id"]) for attempt in run["attempts"]] == [
+        (1, "FAILED", "raysubmit_kept"), (2, "SUCCEEDED", "raysubmit_kept")]
+
+
+def test_a_failed_rayjob_exits_1_naming_kuberays_reason(env: dict[str, str], api_server: FakeApiServer):
+    api_server.scripts["fail-1"] = [Attempt("FAILED", ["Traceback: boom"])]
+    result = submit(env, "fail-1", "--max-retries", "0")
+    assert result.returncode == 1, result.stderr
+    run = record(env, "fail-1")
+    assert (run["state"], run["exit_code"]) == ("FAILED", 1)
+    assert "KubeRay: Failed (AppFailed)" in run["reason"]
+
+
+def test_kuberays_deadline_exits_4_though_the_job_status_stays_running(env: dict[str, str],
+                                                                        api_server: FakeApiServer):
+    api_server.scripts["late-1"] = [Attempt("DEADLINE", ["working"])]
+    result = submit(env, "late-1", "--active-deadline-seconds", "60")
+    assert result.returncode == 4, result.stderr
+    run = record(env, "late-1")
+    assert run["state"] == "DEADLINE_EXCEEDED"
+    assert "DeadlineExceeded" in run["reason"]
+
+
+def test_validation_failed_is_bad_input_and_does_not_hang(env: dict[str, str], api_server: FakeApiServer):
+    api_server.scripts["bad-1"] = VALIDATION_FAILED
+    result = submit(env, "bad-1")
+    assert result.returncode == 2, result.stderr
+    assert "KubeRay refused RayJob bad-1 (ValidationFailed: invalid RayJob spec" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert api_server.rayjob(NAMESPACE, "bad-1") is None  # it never ran: deleted, so a fixed spec can go in
+
+
+def _running(env: dict[str, str], run_id: str) -> bool:
+    result = launcher(env, "status", run_id, "-o", "json")
+    return result.returncode == 0 and json.loads(result.stdout)["state"] == "RUNNING"
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "launcher stop"])
+def test_a_stop_deletes_the_rayjob_and_exits_3(env: dict[str, str], api_server: FakeApiServer, how: str):
+    api_server.scripts["hold-1"] = [Attempt("HOLD", ["waiting"])]
+    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
+                                "hold-1", "--", "python train.py"], cwd=REPO, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: _running(env, "hold-1"), 60, "the RayJob to run")
+        if how == "ctrl-c":
+            process.send_signal(signal.SIGINT)
+        else:
+            assert launcher(env, "stop", "hold-1").returncode == 0
+        assert process.wait(60) == 3, process.stderr.read()
+    finally:
+        process.kill()
+    assert api_server.rayjob(NAMESPACE, "hold-1") is None
+    run = record(env, "hold-1")
+    assert (run["state"], run["attempts"][0]["status"]) == ("STOPPED", "STOPPED")
+
+
+def test_under_kueue_a_stop_suspends_the_rayjob(env: dict[str, str], api_server: FakeApiServer):
+    api_server.scripts["queued-1"] = [Attempt("HOLD", ["waiting"])]
+    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
+                                "queued-1", "--queue", "team-nlp", "--", "python train.py"], cwd=REPO, env=env,
+                               text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:  # Kueue's webhook suspended it: the launcher waits while it is queued, and follows it once admitted
+        wait_until(lambda: (api_server.rayjob(NAMESPACE, "queued-1") or {}).get("status", {}).get(
+            "jobDeploymentStatus") == "Suspended", 60, "Kueue to hold the RayJob")
+        assert process.poll() is None
+        assert record(env, "queued-1")["exit_code"] is None
+        api_server.admit(NAMESPACE, "queued-1")
+        wait_until(lambda: _running(env, "queued-1"), 60, "the RayJob to run")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 3, process.stderr.read()
+    finally:
+        process.kill()
+    rayjob = api_server.rayjob(NAMESPACE, "queued-1")
+    assert (rayjob["spec"]["suspend"], rayjob["status"]["jobDeploymentStatus"]) == (True, "Suspended")
+    assert record(env, "queued-1")["state"] == "STOPPED"
+
+
+def test_no_wait_records_the_run_and_status_catches_up(env: dict[str, str], api_server: FakeApiServer):
+    """--no-wait: the run is recorded at once; `status` reads the RayJob (nothing else follows it) and
+    finishes the record when KubeRay has ended it."""
+    api_server.scripts["later-1"] = [Attempt("SUCCEEDED", ["done"])]
+    result = submit(env, "later-1", "--no-wait")
+    assert result.returncode == 0, result.stderr
+    assert any(row["run_id"] == "later-1" for row in json.loads(launcher(env, "list", "-o", "json").stdout)["runs"])
+    wait_until(lambda: record(env, "later-1")["state"] == "SUCCEEDED", 60, "status to see KubeRay's end")
+    run = record(env, "later-1")
+    assert (run["exit_code"], [attempt["status"] for attempt in run["attempts"]]) == (0, ["SUCCEEDED"])
+    assert launcher(env, "logs", "later-1").stdout == "done\n"  # the submitter pod's, as KubeRay kept it
+
+
+def test_stop_of_a_run_nothing_follows_deletes_the_rayjob(env: dict[str, str], api_server: FakeApiServer):
+    api_server.scripts["left-1"] = [Attempt("HOLD", ["waiting"])]
+    assert submit(env, "left-1", "--no-wait").returncode == 0
+    wait_until(lambda: _running(env, "left-1"), 60, "the RayJob to run")
+    wait_until(lambda: launcher(env, "logs", "left-1").stdout == "waiting\n", 60, "the running attempt's log")
+    stopped = launcher(env, "stop", "left-1")
+    assert stopped.returncode == 0, stopped.stderr
+    assert api_server.rayjob(NAMESPACE, "left-1") is None
+    run = record(env, "left-1")
+    assert (run["state"], run["exit_code"]) == ("STOPPED", 3)
+
+
+def test_a_second_submit_of_a_followed_run_is_refused(env: dict[str, str], api_server: FakeApiServer):
+    api_server.scripts["twice-1"] = [Attempt("HOLD", ["waiting"])]
+    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
+                                "twice-1", "--", "python train.py"], cwd=REPO, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: _running(env, "twice-1"), 60, "the RayJob to run")
+        again = submit(env, "twice-1")
+        assert again.returncode == 2
+        assert "supervised by a launcher that is still running" in again.stderr
+        assert launcher(env, "stop", "twice-1").returncode == 0
+        assert process.wait(60) == 3, process.stderr.read()
+    finally:
+        process.kill()
+
+
+def test_report_and_export_of_a_kuberay_run_do_not_crash(env: dict[str, str], api_server: FakeApiServer,
+                                                         tmp_path: Path):
+    api_server.scripts["rep-1"] = [Attempt("SUCCEEDED", ["done"])]
+    assert submit(env, "rep-1").returncode == 0
+    report = launcher(env, "report", "rep-1", "--out", str(tmp_path / "r.html"))
+    assert report.returncode == 0, report.stderr
+    exported = launcher(env, "export", "rep-1", "--out", str(tmp_path / "r.om"))
+    assert exported.returncode == 2  # KubeRay runs are not recorded here: said in one line, not a traceback
+    assert "has no recording" in exported.stderr
+    assert "KubeRay" in exported.stderr
+    assert exported.stderr.count("\n") == 1
+
+
+def test_a_run_left_with_no_wait_is_followed_again_by_its_run_id(env: dict[str, str], api_server: FakeApiServer):
+    api_server.scripts["again-1"] = [Attempt("FAILED", ["first try"]), Attempt("SUCCEEDED", ["second try"])]
+    assert submit(env, "again-1", "--no-wait", "--max-retries", "1").returncode == 0
+    result = submit(env, "again-1", "--max-retries", "1")  # the RayJob is found (409), not applied twice
+    assert result.returncode == 0, result.stderr
+    assert "following the one applied before" in result.stderr
+    run = record(env, "again-1")
+    assert (run["state"], run["exit_code"], run["detached"]) == ("SUCCEEDED", 0, False)
