@@ -28,8 +28,10 @@ from typing import Any
 from exporter.contract import wire
 from launcher import detach as detaching
 from launcher import recording, target
+from launcher.backends import kuberay_follow
 from launcher.backends.base import Backend, Placement
 from launcher.backends.existing import ExistingBackend, client_for
+from launcher.backends.kuberay import KubeRayBackend
 from launcher.backends.local import cluster_client
 from launcher.backends.registry import BACKENDS, resolve
 from launcher.display import Reporter
@@ -40,14 +42,16 @@ from launcher.health import stacks
 from launcher.jobs import TERMINAL, JobsClient
 from launcher.journal import Journal
 from launcher.local import Cancelled, LocalCluster, forget_cluster, stop_cluster_processes
-from launcher.run import Run, job_view, submission_id, update_attempt
+from launcher.run import Run, job_view, update_attempt
 from launcher.runtime_env import is_remote
 from launcher.spec import JobSpec, build_spec
 from launcher.state import (
     ClusterRecord,
     RunRecord,
+    claim_supervision,
     load_cluster,
     load_run,
+    release_supervision,
     request_stop,
     run_dir,
 )
@@ -128,13 +132,13 @@ class RunHandle:
         """The run record with the current attempt refreshed from the cluster."""
         record = self._run.record
         if record.exit_code is None and self._run.current:
-            details = self._run.client.details(submission_id(record.run_id, self._run.current))
+            details = self._run.client.details(self._run.submission_id(self._run.current))
             if details is not None:
                 update_attempt(record, self._run.current, details)
         return record
 
     def logs(self, attempt: int | None = None) -> str:
-        return self._run.client.logs(submission_id(self.run_id, attempt or self._run.current))
+        return self._run.client.logs(self._run.submission_id(attempt or self._run.current))
 
     def stop(self) -> None:
         """Stop the current attempt; no retry follows. wait() then returns with state STOPPED."""
@@ -155,7 +159,7 @@ class RunHandle:
         """Leave the run to its cluster (`--no-wait`): nothing here follows it any more, and the handle
         closes (a kept local cluster stays up). `status`, `logs` and `stop` find the run later."""
         current = self._run.current
-        self._run.journal.emit("run.detached", attempt=current, submission_id=submission_id(self.run_id, current))
+        self._run.journal.emit("run.detached", attempt=current, submission_id=self._run.submission_id(current))
         self.close()
         return self._run.record
 
@@ -196,6 +200,7 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
     cancel = cancel or threading.Event()
     checkpoint_dir = backend.checkpoint_dir()
     record = backend.run_record()
+    claim_supervision(record)  # one live supervisor per run; a killed one's run is taken over
     # This process supervises the run now (a run submitted with --no-wait is followed from here on).
     record.pid, record.detached, record.max_attempts = os.getpid(), False, spec.max_attempts
     record.checkpoint_dir = checkpoint_dir
@@ -336,6 +341,11 @@ def status(run_id: str, *, address: str | None = None, cluster: str | None = Non
     record = load_run(run_id)
     if record is None:
         raise BadInput(f"run_id: no run {run_id!r} is recorded here; give --address or --cluster to ask a cluster")
+    if record.exit_code is None and record.backend == KubeRayBackend.name:
+        if record.detached or _unsupervised(record):
+            with contextlib.suppress(BadInput):  # a cluster that does not answer: the run as recorded
+                kuberay_follow.catch_up(record)  # nobody else keeps its record up to date
+        return record
     if record.exit_code is None:
         client = _record_client(record, token_path)
         if client is not None:
@@ -357,6 +367,10 @@ def logs(run_id: str, *, attempt: int | None = None, follow: bool = False, write
     chosen = record.attempt(attempt) if attempt else record.attempts[-1]
     if chosen is None:
         raise BadInput(f"attempt: run {run_id!r} has attempts 1..{len(record.attempts)}")
+    saved = record.attempt_log(chosen.attempt)
+    if record.backend == KubeRayBackend.name and not (address or cluster) and not saved.exists() \
+            and chosen is record.attempts[-1] and kuberay_follow.live_log(record, write, follow):
+        return  # the attempt runs: its submitter pod's log
     client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record, token_path)
     if client is not None and client.details(chosen.submission_id) is not None:
         if follow:
@@ -364,7 +378,6 @@ def logs(run_id: str, *, attempt: int | None = None, follow: bool = False, write
         else:
             write(client.logs(chosen.submission_id))
         return
-    saved = record.attempt_log(chosen.attempt)
     if not saved.exists():
         raise BadInput(f"run_id: the log of {chosen.submission_id} is neither on a reachable cluster nor saved here")
     write(saved.read_text())
@@ -377,6 +390,14 @@ def stop(run_id: str, *, address: str | None = None, cluster: str | None = None,
     record = load_run(run_id)
     if record is None and not (address or cluster):
         raise BadInput(f"run_id: no run {run_id!r} is recorded here; give --address or --cluster")
+    if record is not None and record.backend == KubeRayBackend.name and not (address or cluster):
+        if record.exit_code is not None:
+            return []
+        if not _unsupervised(record):
+            request_stop(run_id)  # its launcher deletes (or suspends) the RayJob and records the end
+            Journal(run_id=run_id).emit("run.stop_requested", stopped=[run_id], trace_id=record.trace_id)
+            return [run_id]
+        return kuberay_follow.stop_unfollowed(record)
     client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record, token_path)
     stopped = []
     if client is not None:
@@ -393,6 +414,19 @@ def stop(run_id: str, *, address: str | None = None, cluster: str | None = None,
         client.stop(attempt_id)
     Journal(run_id=run_id).emit("run.stop_requested", stopped=stopped, trace_id=record.trace_id if record else None)
     return stopped
+
+
+def _unsupervised(record: RunRecord) -> bool:
+    """No live launcher supervises the run (it was detached, or its launcher was killed): this process may
+    act for it. The check takes the run's supervisor lock and gives it back at once."""
+    if record.pid == os.getpid():
+        return False  # this process supervises it (an API caller)
+    try:
+        claim_supervision(record)
+    except BadInput:
+        return False
+    release_supervision(record.run_id)
+    return True
 
 
 def diagnose(run_id: str, *, live: bool | None = None, address: str | None = None, cluster: str | None = None,

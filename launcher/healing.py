@@ -125,7 +125,13 @@ class Healing:
         item = self.record.attempt(attempt)
         if item is not None and self._resume_step is not None:
             item.resumed_from_step, self._resume_step = self._resume_step, None
-        self.watcher.watch(Attempt(attempt, submission_id, started_at=time.time()))
+        # An attempt taken over from a launcher that was killed began before this process did: its steps
+        # since it was submitted are its own (a hang that began before the take-over is still a hang).
+        now = time.time()
+        started = min(item.submitted_at or now, now) if item is not None else now
+        self.watcher.watch(Attempt(attempt, submission_id, started_at=started))
+        if item is not None and item.running_at is not None:
+            self.watcher.running(item.running_at)
 
     def running(self, at: float) -> None:
         self.watcher.running(at)

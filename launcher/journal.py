@@ -25,7 +25,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from launcher import audit, redact
 from launcher.display import Reporter
 from launcher.exitcodes import FINAL_STATES
-from launcher.state import AttemptRecord, EventRecord, RunRecord
+from launcher.state import AttemptRecord, EventRecord, RunRecord, release_supervision
 from launcher.tracing import AttemptSpan, RunTrace, traceparent
 
 Level = Literal["info", "warn", "step", "done"]
@@ -331,5 +331,8 @@ class Journal:
             self.reporter.info(line)
 
     def close(self, state: str) -> None:
-        """End what is still open in the trace (the launcher leaves before the run's end)."""
+        """End what is still open in the trace (the launcher leaves before the run's end), and let
+        another launcher supervise the run."""
         self._trace.close(state)
+        if self.record is not None:
+            release_supervision(self.record.run_id)

@@ -32,6 +32,7 @@ from launcher.jobs import TERMINAL, ClusterLost, JobsClient
 from launcher.journal import Journal
 from launcher.spec import JobSpec
 from launcher.state import AttemptRecord, RunRecord, request_stop, stop_requested, write_private
+from launcher.submission import attempt_id
 
 if TYPE_CHECKING:
     from launcher.healing import Healing
@@ -56,14 +57,25 @@ class Rounds(Protocol):
         ...
 
 
-def submission_id(run_id: str, attempt: int) -> str:
-    return f"{run_id}-a{attempt}"
+def submission_id(run_id: str, attempt: int, first: str | None = None) -> str:
+    """Attempt `attempt`'s Ray submission id (launcher/submission.py: `first` is the user's --submission-id)."""
+    return attempt_id(run_id, attempt, first)
+
+
+def entrypoint_options(spec: JobSpec) -> dict[str, Any]:
+    """What the spec reserves for the entrypoint, as Ray's submit_job takes it (only what was set)."""
+    options: dict[str, Any] = {"entrypoint_num_cpus": spec.entrypoint_num_cpus,
+                               "entrypoint_num_gpus": spec.entrypoint_num_gpus,
+                               "entrypoint_memory": spec.entrypoint_memory,
+                               "entrypoint_resources": dict(spec.entrypoint_resources) or None}
+    return {key: value for key, value in options.items() if value is not None}
 
 
 def job_metadata(spec: JobSpec, attempt: int, trace_id: str | None = None) -> dict[str, str]:
     """The Ray job metadata shared with the exporter (it labels job series with these), and the run's
-    trace id when it is traced (so the trace can be found from the job)."""
-    metadata = {
+    trace id when it is traced (so the trace can be found from the job), beside the user's own
+    (--metadata-json; the spec refuses raypulse.* keys there, so nothing of ours is overridden)."""
+    metadata = {**spec.metadata,
         wire.META_JOB_NAME: spec.name,
         wire.META_RUN_ID: spec.run_id or "",
         wire.META_ATTEMPT: str(attempt),
@@ -205,6 +217,10 @@ class Run:
 
     # --- submission ----------------------------------------------------------------------------
 
+    def submission_id(self, attempt: int) -> str:
+        """The Ray submission id of one of this run's attempts."""
+        return submission_id(self.record.run_id, attempt, self.spec.submission_id)
+
     def start(self) -> None:
         """Status first, then submit: find the attempts this run already has on the cluster and
         follow the latest, or submit attempt 1. A run re-submitted after it ended is followed to
@@ -212,7 +228,7 @@ class Run:
         self.record.exit_code = self.record.finished_at = self.record.reason = None
         latest = None
         for attempt in range(1, self.spec.max_attempts + 1):
-            details = self.client.details(submission_id(self.record.run_id, attempt))
+            details = self.client.details(self.submission_id(attempt))
             if details is None:
                 break
             latest = (attempt, details)
@@ -222,13 +238,44 @@ class Run:
             return
         attempt, details = latest
         self.current = attempt
-        self.journal.emit("attempt.found", attempt=attempt, submission_id=submission_id(self.record.run_id, attempt),
-                          status=details.status.value)
-        if details.status.value == "FAILED" and attempt < self.spec.max_attempts:
+        status = details.status.value
+        self.journal.emit("attempt.found", attempt=attempt, submission_id=self.submission_id(attempt), status=status)
+        if status not in TERMINAL:
+            self._take_over(attempt, status)
+            return
+        retry_at = self._retry_decided(attempt)
+        retry = attempt < self.spec.max_attempts and (status == "FAILED" or retry_at is not None)
+        # The launcher that supervised the run may have left (killed) after this attempt ended: the retry
+        # it decided goes ahead, after what was left of its backoff.
+        if retry and retry_at is not None and retry_at > time.time():
+            self.reporter.info(f"attempt {attempt + 1} in {retry_at - time.time():.0f}s (the rest of the backoff "
+                               "before the retry the run's earlier launcher scheduled)")
+        if retry and (retry_at is None or not self._sleep(retry_at - time.time())):
             self._submit(attempt + 1)
 
+    def _retry_decided(self, attempt: int) -> float | None:
+        """When the next attempt was due, if the journal says a launcher decided to retry after
+        `attempt` (a retry scheduled, or a fault it stopped the attempt to restart from) and the run
+        has not finished since; None otherwise."""
+        due = None
+        for event in self.record.events:
+            if event.kind == "run.finished":
+                due = None
+            elif event.attempt == attempt and event.kind == "retry.scheduled":
+                due = event.time + float(event.details.get("delay") or 0)
+            elif event.attempt == attempt and event.kind == "health.fault" and event.details.get("action") == "restart":
+                due = event.time
+        return due
+
+    def _take_over(self, attempt: int, status: str) -> None:
+        """Follow an attempt that runs already (its launcher left): watched from now on as if it had just started."""
+        if self.healing is not None:
+            self.healing.watch(attempt, self.submission_id(attempt))
+            if status == "RUNNING":
+                self.healing.running(time.time())
+
     def _submit(self, attempt: int) -> None:
-        sid = submission_id(self.record.run_id, attempt)
+        sid = self.submission_id(attempt)
         self.current = attempt
         self._attempt_started = time.time() if attempt > 1 else self.record.created_at
         self.journal.emit("attempt.submitting", attempt=attempt, submission_id=sid)
@@ -238,7 +285,8 @@ class Run:
             try:
                 self.client.submit(sid, self.spec.entrypoint,
                                    runtime_env(self.spec, attempt, self.journal.traceparent(), extra),
-                                   job_metadata(self.spec, attempt, self.journal.run_trace.trace_id))
+                                   job_metadata(self.spec, attempt, self.journal.run_trace.trace_id),
+                                   **entrypoint_options(self.spec))
             except (ValueError, TypeError) as exc:  # Ray's client checks the runtime env before it sends it
                 self.journal.emit("attempt.submit_failed", attempt=attempt, submission_id=sid, error=str(exc))
                 raise BadInput(f"runtime_env: Ray's client refused attempt {attempt}: {exc}") from None
@@ -325,7 +373,7 @@ class Run:
     def _follow(self, attempt: int) -> str:
         """Follow the attempt to its end, stopping it on a stop request or a deadline. Returns
         SUCCEEDED, FAILED, STOPPED or DEADLINE_EXCEEDED."""
-        sid = submission_id(self.record.run_id, attempt)
+        sid = self.submission_id(attempt)
         tail = _LogTail(self.client, sid, self.reporter.log) if self.follow_logs else None
         try:
             ending, status = self._watch(attempt, sid)

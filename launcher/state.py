@@ -3,6 +3,7 @@
     runs/<run_id>/run.json          the run: where it ran, its state and every attempt
     runs/<run_id>/attempt-<n>.log   each attempt's driver log, kept after the cluster is gone
     runs/<run_id>/stop              `launcher stop` asks the submitting process to stop (no retries)
+    runs/<run_id>/supervisor.lock   flock'ed by the launcher process that supervises the run, while it lives
     clusters/<name>/cluster.json    a running local cluster: address, processes, exporters
     clusters/<name>/token           its Ray auth token (mode 0600)
     clusters/<name>/exporter-*      its exporters' web config and the launcher's password (exporter_web_config)
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import http.client
 import os
 import re
@@ -372,6 +374,38 @@ def list_runs() -> list[RunRecord]:
 
 def request_stop(run_id: str) -> None:
     write_private(run_dir(run_id) / "stop", f"{time.time()}\n")
+
+
+# The supervision locks this process holds, by run id: an open file description each, so that the
+# lock goes with the process however it ends (SIGKILL included) and nothing has to release it.
+_SUPERVISED: dict[str, int] = {}
+
+
+def claim_supervision(record: RunRecord) -> None:
+    """Make this process the run's supervisor: an flock on runs/<id>/supervisor.lock, held until the
+    process ends. BadInput, before anything starts, while another live launcher holds it (a second
+    supervisor would retry and heal the same run beside it); a launcher that was killed held it no
+    longer, so `launcher submit --run-id RUN` takes its run over."""
+    if record.run_id in _SUPERVISED:
+        return  # this process supervised it before (an API caller submitting the run again)
+    path = private_dir(run_dir(record.run_id)) / "supervisor.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = f" (pid {record.pid})" if record.pid else ""
+        raise BadInput(f"run_id: run {record.run_id} is supervised by a launcher that is still running{holder}; "
+                       f"wait for it, `launcher stop {record.run_id}` to stop the run, or choose another "
+                       "--run-id") from None
+    _SUPERVISED[record.run_id] = fd
+
+
+def release_supervision(run_id: str) -> None:
+    """This process no longer supervises the run (it ended, or was left to its cluster)."""
+    fd = _SUPERVISED.pop(run_id, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def clear_stop(run_id: str) -> None:

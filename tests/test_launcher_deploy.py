@@ -300,11 +300,13 @@ def test_prometheus_discovers_and_scrapes_every_node(deployment: Deployment, tmp
         stop_process(process)
 
 
-# One actor on a worker: it says where it runs, then steps for 30 s.
-ON_A_WORKER = ("python -c 'import time, ray\nray.init()\n"
+# One actor on a worker: it says where it runs, then steps: attempt 1 until the watcher stops it (the
+# fault is injected once it has said where), attempt 2 only briefly (where it runs is what counts).
+ON_A_WORKER = ("python -c 'import os, time, ray\nray.init()\n"
                "@ray.remote(num_cpus=1, resources={\"worker\": 1})\nclass Trainer:\n"
                "    def run(self):\n        print(\"node\", ray.get_runtime_context().get_node_id(), flush=True)\n"
-               "        time.sleep(30)\n\nray.get(Trainer.remote().run.remote())'")
+               "        time.sleep(200 if os.environ[\"RAYPULSE_ATTEMPT\"] == \"1\" else 2)\n\n"
+               "ray.get(Trainer.remote().run.remote())'")
 
 
 def test_a_gpu_fault_drains_its_node_and_the_run_goes_on_elsewhere(deployment: Deployment):
