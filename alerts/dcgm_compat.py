@@ -398,7 +398,7 @@ def render_doc() -> str:
         "  - /path/to/raypulse/alerts/rules/dcgm-compat.yml   # dcgm-exporter names, opt-in",
         "```", "",
         "or, from Python, `alerts.prometheus.config(..., rules=[*rule_files(), RULES_DIR / \"dcgm-compat.yml\"])`. "
-        "From an installed package, `exporter assets --output DIR` writes it to `DIR/opt-in/`.",
+        "From an installed package, `exporter assets --dir DIR` writes it to `DIR/opt-in/`.",
         "", "Limits:", "",
         f"- It adds {len(recorded())} series per GPU. Prefer raypulse's names for new dashboards and alerts; the "
         "rules are a bridge.",

@@ -17,10 +17,9 @@ from launcher.cli import main as launcher_main
 from launcher.state import AttemptRecord, RunRecord
 
 RUN_ID = "toy-1"
-# Commands that print nothing a script would parse, or whose -o lives with another module (named in
-# the report of the change that added -o everywhere): serve runs a server; gpu-fault, exporters remove
-# and prometheus-config are left for their owners.
-WITHOUT_FORMAT = {"exporter serve", "exporter gpu-fault", "launcher exporters remove", "launcher prometheus-config"}
+# Commands that print nothing a script would parse: serve runs a server; gpu-fault changes a simulated
+# GPU and says so in one line.
+WITHOUT_FORMAT = {"exporter serve", "exporter gpu-fault"}
 
 
 @pytest.fixture

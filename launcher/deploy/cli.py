@@ -14,6 +14,7 @@ import click
 from alerts import prometheus
 from exporter.config import ConfigError
 from exporter.contract import wire
+from exporter.outputflag import format_option
 from launcher.deploy import prometheus_scale, remote
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
@@ -141,8 +142,9 @@ def status(address: str, token_path: Path | None, output: str) -> None:
 
 @exporters_group.command()
 @_target
-def remove(address: str, token_path: Path | None) -> None:
-    """Remove the supervisor, every node's actor and its exporter process."""
+@format_option()
+def remove(address: str, token_path: Path | None, output: str) -> None:
+    """Remove the supervisor, every node's actor and its exporter process. -o json: what was removed."""
     client = _client("exporters.remove", address, token_path)
     try:
         run = remote.run_agent(client, ["remove"])
@@ -154,6 +156,9 @@ def remove(address: str, token_path: Path | None) -> None:
               address=address)
     forget_deployment(address)
     Journal().emit("exporters.removed", address=address, removed=run.result["removed"])
+    if output == "json":
+        click.echo(json.dumps({"address": address, "removed": run.result["removed"]}, indent=2))
+        return
     click.echo(f"launcher: removed {len(run.result['removed'])} actors (and their exporters)", err=True)
 
 
@@ -204,12 +209,13 @@ def _scale(document: dict[str, Any], shards: int, shard: int, remote_write: str 
 @click.option("--basic-auth-password-file", metavar="PATH", help="...and the file with its password, as "
               "Prometheus will read it.")
 @_scale_options
+@format_option(("yaml", "json"))
 def prometheus_config(address: str, token_path: Path | None, scrape_interval: str, sd_refresh_interval: str,
                       alertmanager: str | None, ca_file: str | None, basic_auth_user: str | None,
-                      basic_auth_password_file: str | None, **scale: Any) -> None:
+                      basic_auth_password_file: str | None, output: str, **scale: Any) -> None:
     """Print a Prometheus config: every node's exporter through the head exporter's /sd, and the
     rules of alerts/rules/ (absolute paths). Large clusters: --shards/--shard, --remote-write, --cut
-    (docs/scale.md)."""
+    (docs/scale.md). -o json: the same document as JSON (Prometheus reads YAML)."""
     if bool(basic_auth_user) != bool(basic_auth_password_file):
         fail("prometheus-config", "--basic-auth-user: give it with --basic-auth-password-file (Prometheus reads "
              "the password from that file)", ExitCode.BAD_INPUT, address=address)
@@ -243,5 +249,5 @@ def prometheus_config(address: str, token_path: Path | None, scrape_interval: st
         document = _scale(document, **scale)
     except prometheus_scale.ScaleError as exc:
         fail("prometheus-config", str(exc), ExitCode.BAD_INPUT, address=address)
-    click.echo(prometheus.render(document), nl=False)
+    click.echo(json.dumps(document, indent=2) if output == "json" else prometheus.render(document), nl=output != "json")
 
