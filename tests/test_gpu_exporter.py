@@ -108,9 +108,13 @@ def test_a_gpu_that_falls_off_the_bus_goes_down_and_comes_back(simulated):
     exporter, control = simulated
     gpu_fault(control, "--gpu", "1", "xid", "79")
     wait_until(lambda: matching(exporter.metrics_text(), "raypulse_gpu_up", gpu=1) == [0.0], 10, "gpu 1 down")
-    text = exporter.metrics_text()
     wait_until(lambda: matching(exporter.metrics_text(), "raypulse_gpu_xid_errors_total", gpu=1, xid=79) == [1.0],
                10, "XID 79 counted")
+    # The run that finds the GPU lost keeps the readings it gave before the loss (they were real); the
+    # runs after it give nothing but its identity.
+    wait_until(lambda: matching(exporter.metrics_text(), "raypulse_gpu_power_usage_watts", gpu=1) == [], 10,
+               "gpu 1's readings gone")
+    text = exporter.metrics_text()
     assert sorted(matching(text, "raypulse_gpu_up")) == [0.0, 1.0, 1.0, 1.0]
     assert matching(text, "raypulse_gpu_lost_events_total", gpu=1) == [1.0]
     assert matching(text, "raypulse_gpu_power_usage_watts", gpu=1) == []
