@@ -249,5 +249,5 @@ def prometheus_config(address: str, token_path: Path | None, scrape_interval: st
         document = _scale(document, **scale)
     except prometheus_scale.ScaleError as exc:
         fail("prometheus-config", str(exc), ExitCode.BAD_INPUT, address=address)
-    click.echo(json.dumps(document, indent=2) if output == "json" else prometheus.render(document), nl=output != "json")
+    click.echo(json.dumps(document, indent=2) if output == "json" else prometheus.render(document), nl=output == "json")
 
