@@ -282,18 +282,19 @@ class Healing:
 
     # --- between attempts ----------------------------------------------------------------------------
 
-    def remedy_node(self, fault: Fault) -> None:
+    def remedy_node(self, fault: Fault) -> bool:
         """Take the fault's node out of the next attempt: replaced (local), drained (existing); for good
-        the second time the same node faults."""
+        the second time the same node faults. True when it was taken out."""
         if not fault.node_out or fault.node is None or self.remedy is None:
-            return
+            return False
         for_good = self._faults_on(fault.node) >= 2
         try:
             kind, details = self.remedy.take_out(fault.node, fault, for_good)
         except Exception as exc:  # noqa: BLE001 - a remedy that fails is reported; the retry still happens
             self.journal.emit("node.remedy_failed", node=fault.node, error=str(exc))
-            return
+            return False
         self.journal.emit(kind, node=fault.node, reason=fault.summary, **details)
+        return True
 
     def repeated(self, fault: Fault | None, failed: AttemptRecord | None) -> str | None:
         """Why retrying would not help: the same fault (or the same failure) twice in a row, with no

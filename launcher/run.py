@@ -120,6 +120,15 @@ def backoff_seconds(spec: JobSpec, failures_in_a_row: int) -> float:
     return min(spec.retry_backoff_seconds * 2 ** (failures_in_a_row - 1), spec.retry_backoff_max_seconds)
 
 
+def retry_delay(spec: JobSpec, failures_in_a_row: int, node_taken_out: bool) -> float:
+    """The wait before the next attempt. After a fault whose node was taken out (replaced or drained)
+    the cause is gone: the first such restart in a row starts at once, since a wait would only add to
+    the training time lost (a second one with no progress in between backs off like any failure)."""
+    if node_taken_out and failures_in_a_row == 1:
+        return 0.0
+    return backoff_seconds(spec, failures_in_a_row)
+
+
 def failures_in_a_row(before: int, ended: AttemptRecord | None) -> int:
     """Attempts ended in a row without progress, counting the one that just ended. One that made
     progress (a step past the checkpoint it resumed from) starts the count again, so a week-long run
@@ -238,6 +247,10 @@ class Run:
             return
         attempt, details = latest
         self.current = attempt
+        # A take-over keeps the streak of attempts that ended without progress (the next backoff's length).
+        for ended in sorted(self.record.attempts, key=lambda item: item.attempt):
+            if ended.ended_at is not None:
+                self._failures_in_a_row = failures_in_a_row(self._failures_in_a_row, ended)
         status = details.status.value
         self.journal.emit("attempt.found", attempt=attempt, submission_id=self.submission_id(attempt), status=status)
         if status not in TERMINAL:
@@ -314,10 +327,12 @@ class Run:
             attempt = self.record.attempt(self.current)
             retries_left = self.current < self.spec.max_attempts
             fault = self._fault_of(outcome, retries_left)
+            node_out = False
             if fault is not None:
                 final = self._heal(fault, retries_left)
                 if final is not None:
                     return final
+                node_out = self.healing is not None and self.healing.remedy_node(fault)
             elif outcome == "FAILED" and retries_left:
                 repeated = self.healing.repeated(None, attempt) if self.healing is not None else None
                 if repeated:
@@ -326,7 +341,7 @@ class Run:
                 reason = attempt.message if outcome == "FAILED" and attempt is not None else None
                 return self._finish(outcome, reason)
             self._failures_in_a_row = failures_in_a_row(self._failures_in_a_row, attempt)
-            delay = backoff_seconds(self.spec, self._failures_in_a_row)
+            delay = retry_delay(self.spec, self._failures_in_a_row, node_out)
             self.journal.emit("retry.scheduled", attempt=self.current, delay=delay,
                               cause=fault.kind.value if fault is not None else "failed")
             interrupted = self._sleep(delay)
@@ -357,7 +372,6 @@ class Run:
         repeated = self.healing.repeated(fault, None)
         if repeated:
             return self._finish("REPEATED_FAILURE", f"{repeated}: retrying would not help")
-        self.healing.remedy_node(fault)
         return None
 
     def _sleep(self, seconds: float) -> str | None:

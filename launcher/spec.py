@@ -188,7 +188,8 @@ class JobSpec(_Strict):
     worker_groups: list[WorkerGroup] = Field(default_factory=lambda: [WorkerGroup()])
     max_retries: int = Field(3, ge=0, le=100, description="new attempts after a failed or unhealthy one (one "
                              "budget for both); a run failing the same way twice stops early")
-    retry_backoff_seconds: float = Field(10, ge=0, description="wait before the first retry; doubles each time")
+    retry_backoff_seconds: float = Field(10, ge=0, description=(
+        "wait before the first retry; doubles with each failure in a row (none after a faulty node was taken out)"))
     retry_backoff_max_seconds: float = Field(300, ge=0, description="longest wait between attempts")
     active_deadline_seconds: int | None = Field(None, ge=1, description="stop the job after this long overall")
     pre_running_deadline_seconds: int | None = Field(None, ge=1, description="stop an attempt not RUNNING by then")

@@ -139,3 +139,18 @@ def test_the_retry_backoff_starts_again_after_an_attempt_that_made_progress():
     assert (streak, backoff_seconds(spec, streak)) == (3, 40)
     assert backoff_seconds(spec, 9) == 300  # never past the longest
 
+
+
+def test_a_restart_whose_faulty_node_was_taken_out_starts_at_once_the_first_time_in_a_row():
+    from launcher.run import failures_in_a_row, retry_delay
+    from launcher.spec import build_spec
+    from launcher.state import AttemptRecord
+
+    spec = build_spec({"entrypoint": "true", "retry_backoff_seconds": 10})
+    trained = AttemptRecord(attempt=2, submission_id="r-a2", resumed_from_step=300, last_step=331)
+    stuck = AttemptRecord(attempt=3, submission_id="r-a3", resumed_from_step=300, last_step=300)
+    streak = failures_in_a_row(0, trained)
+    assert retry_delay(spec, streak, node_taken_out=True) == 0  # the node was replaced: nothing to wait for
+    assert retry_delay(spec, streak, node_taken_out=False) == 10  # a hang, a NaN, a failure: the backoff
+    streak = failures_in_a_row(streak, stuck)  # it faulted again before a step: a crash loop backs off
+    assert retry_delay(spec, streak, node_taken_out=True) == 20

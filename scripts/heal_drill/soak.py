@@ -468,8 +468,9 @@ def _why(row: Row) -> str:
 def _retries(options: Options, run_spec: dict[str, Any]) -> str:
     backoff = run_spec["retry_backoff_seconds"].default if options.retry_backoff is None else options.retry_backoff
     which = "the default" if options.retry_backoff is None else "set by --retry-backoff"
-    return (f"the run's retry settings are the product's too (a backoff of {backoff:g} s before the first retry, "
-            f"{which}, doubling with every attempt up to {run_spec['retry_backoff_max_seconds'].default:g} s), "
+    return (f"the run's retry settings are the product's too (a backoff of {backoff:g} s before a retry after a hang "
+            f"or a NaN, {which}, doubling with each failure in a row up to "
+            f"{run_spec['retry_backoff_max_seconds'].default:g} s; none after a faulty node was taken out), "
             f"but `max_retries: {options.max_retries()}` so that the run outlives its faults.")
 
 
@@ -503,9 +504,8 @@ def _why_not(result: Soak, found: list[Row]) -> str:
     without = [row.recovery.seconds_lost - backoff for row, backoff in zip(healed, backoffs, strict=True)
                if row.recovery is not None]
     met_without = [str(row.injected.index) for row, lost in zip(healed, without, strict=True) if lost <= row.limit]
-    why = [f"Why: the backoff before each retry ({_seconds(backoffs)} here) doubles with every attempt, healed "
-           "faults after minutes of progress included (the launcher's backoff counts attempts, not failures in a "
-           f"row); without it the faults would have cost {_seconds(without)}, "
+    why = [f"Why: the backoff before each retry ({_seconds(backoffs)} here); without it the faults would have cost "
+           f"{_seconds(without)}, "
            + (f"within the goal for fault(s) {', '.join(met_without)}." if met_without else "still over the goal.")]
     others = [row for row in healed if row.injected.kind != "hang" and row.recovery is not None]
     if others and result.accounting is not None and result.accounting.step_seconds:
