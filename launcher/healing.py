@@ -294,6 +294,7 @@ class Healing:
             self.journal.emit("node.remedy_failed", node=fault.node, error=str(exc))
             return False
         self.journal.emit(kind, node=fault.node, reason=fault.summary, **details)
+        self.watcher.retire(fault.node)
         return True
 
     def repeated(self, fault: Fault | None, failed: AttemptRecord | None) -> str | None:

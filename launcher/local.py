@@ -45,6 +45,7 @@ WORKER_OBJECT_STORE = 512 * 2**20  # per worker, unless it has a memory size (th
 START_TIMEOUT_S = 180.0
 POLL_S = 0.25
 STOP_GRACE_S = 15.0
+ORPHAN_GRACE_S = 3.0  # for a node's processes left behind once the node itself has gone
 
 
 class ClusterError(InfraError):
@@ -362,16 +363,11 @@ class LocalCluster:
         """SIGTERM the node's processes and its exporter, then SIGKILL what is left of them."""
         self._removed.add(name)
         mine = [(process, ref) for process, ref in self._processes if ref.node == name]
-        family: dict[int, psutil.Process] = {}
+        parents = []
         for process, _ in mine:
             with contextlib.suppress(psutil.Error):
-                parent = psutil.Process(process.pid)
-                family[parent.pid] = parent
-                family.update((child.pid, child) for child in parent.children(recursive=True))
-            with contextlib.suppress(OSError):
-                process.terminate()
-        _, alive = psutil.wait_procs(list(family.values()), timeout=STOP_GRACE_S)
-        for leftover in alive:
+                parents.append(psutil.Process(process.pid))
+        for leftover in terminate(parents, STOP_GRACE_S):
             with contextlib.suppress(psutil.Error):
                 leftover.kill()
         for process, _ in mine:
@@ -474,26 +470,50 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
     return found
 
 
+def terminate(processes: list[psutil.Process], grace: float) -> list[psutil.Process]:
+    """SIGTERM the processes, wait up to `grace` for them, then SIGTERM what is left of their
+    descendants (taken before they go: Ray starts its agents without our tag in their environment)
+    and give those ORPHAN_GRACE_S: once a node's `ray start --block` has gone, nothing else will stop a
+    job's entrypoint or a worker it left behind. One that is stopped (SIGSTOP: a hang drill's ranks, a
+    frozen exporter) is continued too, since it cannot act on SIGTERM before. Returns the ones still
+    alive, for SIGKILL."""
+    descendants: dict[int, psutil.Process] = {}
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            descendants.update((child.pid, child) for child in process.children(recursive=True))
+    _signal(processes, signal.SIGTERM)
+    _signal([process for process in [*processes, *descendants.values()] if _stopped(process)], signal.SIGCONT)
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    left = [process for process in descendants.values() if _running(process)]
+    _signal(left, signal.SIGTERM)
+    return psutil.wait_procs(alive + left, timeout=ORPHAN_GRACE_S)[1]
+
+
+def _signal(processes: list[psutil.Process], number: signal.Signals) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(number)
+
+
+def _stopped(process: psutil.Process) -> bool:
+    try:
+        return process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def stop_cluster_processes(record: ClusterRecord, grace: float = STOP_GRACE_S) -> int:
     """SIGTERM the nodes and exporters (each `ray start --block` stops its node's Ray processes),
     wait, then SIGKILL anything of the cluster still alive. Returns how many needed SIGKILL."""
-    processes = [process for process in map(_matching, record.processes) if process is not None]
-    # Ray starts its agents (ray::DashboardAgent, ray::RuntimeEnvAgent) without our tag in their
-    # environment, so they are found as the nodes' descendants, taken before the nodes go.
-    family = {process.pid: process for process in processes}
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            family.update((child.pid, child) for child in process.children(recursive=True))
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            process.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs(list(family.values()), timeout=grace)
-    # What remains: a node that ignored SIGTERM, or a Ray process that outlived its parent.
+    alive = terminate([process for process in map(_matching, record.processes) if process is not None], grace)
+    # What remains: a node that ignored SIGTERM for the whole grace (killed now), or a Ray process that
+    # outlived its parent (a few seconds to exit on its own first).
     deadline = time.monotonic() + 5
-    stragglers = list({process.pid: process for process in alive + tagged_processes(record.tag)}.values())
-    while stragglers and time.monotonic() < deadline:
+    orphans = [process for process in tagged_processes(record.tag) if process.pid not in {p.pid for p in alive}]
+    while orphans and time.monotonic() < deadline:
         time.sleep(0.2)
-        stragglers = [process for process in stragglers if _running(process)]
+        orphans = [process for process in orphans if _running(process)]
+    stragglers = alive + orphans
     for process in stragglers:
         with contextlib.suppress(psutil.Error):
             process.kill()

@@ -158,3 +158,31 @@ def test_progress_over_nodes_and_rank_ranges():
     assert (seen.newest_step, seen.last_report) == (5, {0: START + 1, 1: START + 3})
     assert ranks_text([0, 1, 2, 3, 5, 7, 8]) == "ranks 0-3, 5, 7-8"
     assert ranks_text([4]) == "rank 4"
+
+
+def test_a_node_taken_out_is_not_lost_again_when_ray_declares_its_old_node_dead_in_the_next_attempt():
+    """A node replaced after a fault: Ray declares its old node dead only some seconds later, while the
+    next attempt (started at once) runs; that is the last attempt's news, not a fault of this one."""
+    from launcher.health.watcher import Watcher
+    from tests.broken_exporters import ExporterLike
+
+    def alive(**states: int) -> str:
+        return "".join(f'raypulse_ray_node_alive{{node_id="{node_id}",node_ip="192.0.2.2",node_role="worker"}} '
+                       f"{state}\n" for node_id, state in states.items())
+
+    def info(node_id: str) -> str:
+        return f'raypulse_ray_node_info{{cluster_name="c",node_id="{node_id}",node_ip="192.0.2.2"}} 1\n'
+
+    with ExporterLike(alive(bbbb=1)) as head, ExporterLike(info("bbbb")) as worker:
+        watcher = Watcher(POLICY, lambda: [Target("head", head.url), Target("workers-1", worker.url)])
+        watcher.watch(Attempt(1, "r-a1", started_at=START))
+        assert watcher.check().faults == []  # the baseline: bbbb is workers-1
+        watcher.retire("workers-1")  # replaced: a fresh node cccc with the same name and address
+        head.text, worker.text = alive(bbbb=1, cccc=1), info("cccc")
+        watcher.watch(Attempt(2, "r-a2", started_at=START))
+        assert watcher.check().faults == []
+        head.text = alive(bbbb=0, cccc=1)  # Ray declares the old node dead, during attempt 2
+        assert watcher.check().faults == []
+        head.text = alive(bbbb=0, cccc=0)  # the new one dies: that is attempt 2's
+        [fault] = watcher.check().faults
+        assert fault.summary == "node lost (workers-1: Ray declared node cccc dead)"

@@ -11,7 +11,7 @@ action the driver asks for take the node out too.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,7 +58,7 @@ class Baseline:
     alive_nodes: dict[str, str] = field(default_factory=dict)  # Ray node id -> node name, alive at the start
     taken: bool = False
 
-    def take(self, reads: Iterable[NodeRead]) -> None:
+    def take(self, reads: Iterable[NodeRead], retired: Collection[str] = ()) -> None:
         names = {}
         for read in reads:
             if not read.ok:
@@ -70,7 +70,7 @@ class Baseline:
         for read in reads:
             for sample in read.select("raypulse_ray_node_alive"):
                 node_id = sample.labels.get("node_id", "")
-                if sample.value == 1 and node_id:
+                if sample.value == 1 and node_id and node_id not in retired:
                     self.alive_nodes[node_id] = names.get(node_id, sample.labels.get("node_ip") or node_id[:12])
         self.taken = True
 

@@ -46,6 +46,7 @@ class Watcher:
         self._monotonic = monotonic
         self.attempt: Attempt | None = None
         self._baseline = Baseline()
+        self._retired: set[str] = set()  # Ray node ids of nodes taken out: their death is old news
         self._reported: set[str] = set()
         self._unreachable: dict[str, str] = {}
         self._next_check = 0.0
@@ -58,6 +59,11 @@ class Watcher:
         self.attempt = attempt
         self._baseline = Baseline()
         self._next_check = 0.0
+
+    def retire(self, node: str) -> None:
+        """The node was taken out (replaced, drained): Ray declaring its old node dead later, during the
+        next attempt, is not that attempt's fault."""
+        self._retired.update(node_id for node_id, name in self._baseline.alive_nodes.items() if name == node)
 
     def running(self, at: float) -> None:
         if self.attempt is not None and self.attempt.running_at is None:
@@ -86,7 +92,7 @@ class Watcher:
                 del self._unreachable[name]
                 result.back.append(name)
         if not self._baseline.taken and reads and all(read.ok for read in reads):
-            self._baseline.take(reads)
+            self._baseline.take(reads, self._retired)
         now = self._clock()
         for fault in found.find(self.policy, reads, self.attempt, self._baseline, now, self._dead_nodes()):
             if fault.key not in self._reported:
