@@ -34,12 +34,15 @@ system-deps:
 demo: install system-deps
 	flock /tmp/raypulse-ray.lock $(PY) -m scripts.demo $(ARGS)
 
+# Two workers (tests/conftest.py): the heavy tests one after another on one, the rest beside them.
+PYTEST_LANES = -n 2 --dist loadgroup
+
 test: install system-deps lint
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_LANES)
 
 # The quick lane (about 5 minutes on 2 cores): everything but the tests that start Ray or a whole Prometheus stack.
 test-quick: install system-deps lint
-	$(PY) -m pytest -m "not ray and not slow"
+	$(PY) -m pytest $(PYTEST_LANES) -m "not ray and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check .

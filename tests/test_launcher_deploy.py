@@ -336,6 +336,8 @@ def test_a_gpu_fault_drains_its_node_and_the_run_goes_on_elsewhere(deployment: D
     assert fault["details"]["summary"].startswith("GPU fault (XID 79 on GPU 0 on ")
     [drained] = [event for event in record["events"] if event["kind"] == "node.drained"]
     assert drained["details"]["node_ids"] == [faulty]
+    [scheduled] = [event for event in record["events"] if event["kind"] == "retry.scheduled"]
+    assert scheduled["details"]["delay"] == 0  # the node is drained: nothing to wait for (--retry-backoff 1)
     assert placed(2) not in (None, faulty)  # Ray scheduled nothing new on the drained node
 
 
