@@ -34,15 +34,14 @@ system-deps:
 demo: install system-deps
 	flock /tmp/raypulse-ray.lock $(PY) -m scripts.demo $(ARGS)
 
-# Two workers (tests/conftest.py): the heavy tests one after another on one, the rest beside them.
-PYTEST_LANES = -n 2 --dist loadgroup
-
+# The heavy tests (markers ray, slow) one after another, the rest beside them (scripts/test_lanes.py).
 test: install system-deps lint
-	$(PY) -m pytest $(PYTEST_LANES)
+	$(PY) -m scripts.test_lanes
 
-# The quick lane (about 5 minutes on 2 cores): everything but the tests that start Ray or a whole Prometheus stack.
+# The quick lane (about 3 minutes on 2 cores): everything but the tests that start Ray or a whole Prometheus
+# stack, on two workers (a file's tests on one).
 test-quick: install system-deps lint
-	$(PY) -m pytest $(PYTEST_LANES) -m "not ray and not slow"
+	$(PY) -m pytest -n 2 --dist loadfile -m "not ray and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -19,22 +19,6 @@ import pytest
 from scripts.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ("ray", "slow")  # the markers of tests that start a Ray cluster or a whole stack: one at a time
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Two lanes under `pytest -n 2 --dist loadgroup` (make test): every heavy test in one group, run one
-    after another on one worker (a single Ray cluster at a time on this machine), the rest beside them
-    on the other. With no heavy test collected (the quick lane) the rest is grouped by module, so both
-    workers share it and each module's fixtures start once."""
-    heavy = {item.nodeid for item in items if any(item.get_closest_marker(name) for name in HEAVY)}
-    for item in items:
-        if heavy:
-            group = "heavy" if item.nodeid in heavy else "light"
-        else:
-            group = item.module.__name__ if item.module is not None else "light"
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 5.0,
