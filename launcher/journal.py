@@ -122,6 +122,10 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
                                                                           "good, the run goes on without it"),
     Kind("node.drained", audit="node.drain", say=lambda d: f"{d['node']} drained through Ray ({d['reason']})"
          + (f"; host {d['host_denied']} denied for the rest of the run" if d.get("host_denied") else "")),
+    Kind("node.cordoned", audit="node.cordon", say=lambda d: f"Kubernetes node {d['node']} cordoned: the next "
+         f"attempt's pods land elsewhere ({d['reason']}); `kubectl uncordon {d['node']}` once it is repaired"),
+    Kind("node.left", level="warn", say=lambda d: f"Kubernetes node {d['node']} left alone ({d['why']}); the next "
+         "attempt's pods may land on it again"),
     Kind("node.remedy_failed", level="warn", audit="node.remedy", result=lambda d: f"error: {d['error']}",
          say=lambda d: f"could not take {d['node']} out of the next attempt: {d['error']}"),
     # the run
