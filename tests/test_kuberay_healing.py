@@ -119,7 +119,8 @@ def applied_rayjobs(api_server: FakeApiServer) -> list[dict]:
 def test_a_hang_is_seen_through_the_pod_proxy_and_the_run_resumes_as_attempt_2(
         env: dict[str, str], api_server: FakeApiServer, exporters: dict[str, ExporterLike]):
     api_server.scripts["hang-1"] = [Attempt("HOLD", ["step 41"]), Attempt("SUCCEEDED", ["resumed"])]
-    process = start(env, "hang-1", "--max-retries", "1", "--retry-backoff", "0", *HEALTH)
+    process = start(env, "hang-1", "--max-retries", "1", "--retry-backoff", "0", "--active-deadline-seconds", "3600",
+                    *HEALTH)
     try:
         exporters["node-a"].text = training(job_id(api_server, "hang-1"), step=42, checkpoint=40)
         assert process.wait(120) == 0, process.stderr.read()
@@ -141,6 +142,8 @@ def test_a_hang_is_seen_through_the_pod_proxy_and_the_run_resumes_as_attempt_2(
     env_vars = yaml.safe_load(second["spec"]["runtimeEnvYAML"])["env_vars"]
     assert json.loads(env_vars[wire.ENV_RESUME_FROM])["step"] == 40
     assert (first["spec"]["backoffLimit"], second["spec"]["backoffLimit"]) == (1, 0)  # one budget: max_retries 1
+    assert first["spec"]["activeDeadlineSeconds"] == 3600
+    assert second["spec"]["activeDeadlineSeconds"] < 3600  # what is left of it: KubeRay counts from the RayJob's start
 
 
 @pytest.mark.parametrize("cordon", [True, False])

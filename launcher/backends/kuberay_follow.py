@@ -372,6 +372,13 @@ class RayJobFollower:
         if self._stopped_within(delay):
             return self._end("STOPPED", "stopped during the backoff before a retry (the RayJob is deleted)")
         following = current.number + 1
+        limit = spec.active_deadline_seconds
+        if limit is not None:  # KubeRay counts it from the RayJob's start: the new one gets what is left
+            left = limit - (time.time() - self.record.created_at)
+            if left < 1:
+                return self._end("DEADLINE_EXCEEDED", f"active_deadline_seconds ({limit}s) passed before the "
+                                 "restart")
+            spec = spec.model_copy(update={"active_deadline_seconds": int(left)})
         applied = kuberay.apply(spec, self.access, attempt_env=self.healing.attempt_env(following),
                                 backoff_limit=spec.max_attempts - following)
         self.kueue = KUEUE_QUEUE_LABEL in (applied.rayjob["metadata"].get("labels") or {})
