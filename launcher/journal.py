@@ -95,8 +95,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
                                      + (f" ({d['path']})" if d.get("path") else "")),
     # the health watcher and what it does (launcher/healing.py)
     Kind("health.blind", level="warn", say=lambda d: "the watcher finds no exporter to read: this run's health is "
-                                                     "not watched (is an exporter on the head? `launcher exporters "
-                                                     "deploy`)"),
+         "not watched (" + (d.get("hint") or "is an exporter on the head? `launcher exporters deploy`") + ")"),
     Kind("health.exporter_unreachable", level="warn", say=lambda d: f"the exporter of {d['node']} does not answer "
          f"({d['error']}); that node is not watched until it does (never a reason to restart)"),
     Kind("health.exporter_back", say=lambda d: f"the exporter of {d['node']} answers again"),

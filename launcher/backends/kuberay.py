@@ -43,7 +43,8 @@ def _healing(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str
     core = client.CoreV1Api(access.api_client)
     targets = ray_pod_targets(core, namespace, cluster, spec.exporter_port, https=bool(spec.exporter_web_config_secret))
     remedy = NodeCordon(core, spec.run_id or "") if spec.health.cordon_nodes else None
-    return Healing(spec.health, journal, targets, remedy)
+    return Healing(spec.health, journal, targets, remedy, blind_hint=(
+        "no running Ray pod of the RayJob's cluster on a node, or no `list pods` for the launcher's account"))
 
 
 class KubeRayBackend(KubeRayKind):
