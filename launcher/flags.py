@@ -93,6 +93,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "on_node_lost": "health.on_node_lost",
     "on_nonfinite_loss": "health.on_nonfinite_loss",
     "no_stacks": "health.stacks",
+    "cordon_nodes": "health.cordon_nodes",
 }
 NEGATIONS = {"no_health", "no_stacks", "no_sidecar"}  # flags that turn a default-on field off
 WORKER_SHORTHANDS = {"workers": "count", "worker_cpus": "cpus", "worker_gpus": "gpus", "worker_memory": "memory",
@@ -380,6 +381,8 @@ def spec_options(func: Callable) -> Callable:
         click.option("--on-nonfinite-loss", type=choices("on_nonfinite_loss"),
                      help=f"[{default('on_nonfinite_loss')}]"),
         click.option("--no-stacks", is_flag=True, help="Do not take the processes' stacks before acting on a hang."),
+        click.option("--cordon-nodes", is_flag=True, help="KubeRay: cordon a faulty GPU's node before the next "
+                     "attempt (needs `patch nodes`)."),
         click.argument("command", nargs=-1, type=click.UNPROCESSED),
     ]
     for option in reversed(options):

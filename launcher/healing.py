@@ -61,7 +61,7 @@ class Pending:
 class Healing:
     def __init__(self, policy: HealthPolicy, journal: Journal, targets: TargetSource,
                  remedy: NodeRemedy | None = None, dashboard: RayDashboard | None = None,
-                 progress_url: str | None = None, local_processes: bool = False) -> None:
+                 progress_url: str | None = None, local_processes: bool = False, blind_hint: str | None = None) -> None:
         self.policy = policy
         self.journal = journal
         self.record: RunRecord = journal.record  # type: ignore[assignment]
@@ -69,6 +69,7 @@ class Healing:
         self.dashboard = dashboard
         self.progress_url = progress_url  # the head exporter's progress endpoint: the run's health metrics go there
         self.local_processes = local_processes  # the job's processes run on this machine (a local cluster)
+        self.blind_hint = blind_hint  # where to look when no exporter is found (the backend knows)
         self.watcher = Watcher(policy, targets, dead_nodes=remedy.dead_nodes if remedy else list)
         self.stopped_by: Fault | None = None  # the fault that stopped the current attempt
         self.pending: Pending | None = None
@@ -218,7 +219,7 @@ class Healing:
         assert attempt is not None
         if not result.reads and not self._blind_said:
             self._blind_said = True
-            self.journal.emit("health.blind", attempt=attempt.number)
+            self.journal.emit("health.blind", attempt=attempt.number, hint=self.blind_hint)
         for node, error in result.unreachable:
             self.journal.emit("health.exporter_unreachable", attempt=attempt.number, node=node, error=error)
         for node in result.back:

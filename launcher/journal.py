@@ -95,8 +95,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
                                      + (f" ({d['path']})" if d.get("path") else "")),
     # the health watcher and what it does (launcher/healing.py)
     Kind("health.blind", level="warn", say=lambda d: "the watcher finds no exporter to read: this run's health is "
-                                                     "not watched (is an exporter on the head? `launcher exporters "
-                                                     "deploy`)"),
+         "not watched (" + (d.get("hint") or "is an exporter on the head? `launcher exporters deploy`") + ")"),
     Kind("health.exporter_unreachable", level="warn", say=lambda d: f"the exporter of {d['node']} does not answer "
          f"({d['error']}); that node is not watched until it does (never a reason to restart)"),
     Kind("health.exporter_back", say=lambda d: f"the exporter of {d['node']} answers again"),
@@ -122,6 +121,10 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
                                                                           "good, the run goes on without it"),
     Kind("node.drained", audit="node.drain", say=lambda d: f"{d['node']} drained through Ray ({d['reason']})"
          + (f"; host {d['host_denied']} denied for the rest of the run" if d.get("host_denied") else "")),
+    Kind("node.cordoned", audit="node.cordon", say=lambda d: f"Kubernetes node {d['node']} cordoned: the next "
+         f"attempt's pods land elsewhere ({d['reason']}); `kubectl uncordon {d['node']}` once it is repaired"),
+    Kind("node.left", level="warn", say=lambda d: f"Kubernetes node {d['node']} left alone ({d['why']}); the next "
+         "attempt's pods may land on it again"),
     Kind("node.remedy_failed", level="warn", audit="node.remedy", result=lambda d: f"error: {d['error']}",
          say=lambda d: f"could not take {d['node']} out of the next attempt: {d['error']}"),
     # the run

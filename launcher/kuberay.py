@@ -31,6 +31,7 @@ import hmac
 import importlib.metadata
 import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -298,11 +299,14 @@ def _entrypoint_fields(spec: JobSpec) -> dict[str, Any]:
     return fields
 
 
-def render(spec: JobSpec, token: str | None = None, release: str | None = None) -> list[dict[str, Any]]:
+def render(spec: JobSpec, token: str | None = None, release: str | None = None,
+           attempt_env: Mapping[str, str] | None = None, backoff_limit: int | None = None) -> list[dict[str, Any]]:
     """The manifests, in apply order: Secret, RayJob, PodMonitor (none with `sidecar` off). No object
     names a namespace: they land where they are applied (`kubectl apply -n`, the context's namespace).
     `token`: the Ray auth token (default: the run's, run_token). `release`: the `release` label
-    kube-prometheus-stack's Prometheus selects PodMonitors by (its Helm release's name; default: the spec's)."""
+    kube-prometheus-stack's Prometheus selects PodMonitors by (its Helm release's name; default: the spec's).
+    `attempt_env` and `backoff_limit`: a RayJob the launcher applies again after healing a fault (the
+    checkpoint to resume from; what is left of max_retries)."""
     release = release or spec.release
     spec = spec.with_run_id()
     # The submitter pod passes the runtime env to the Jobs API: it cannot upload this machine's files.
@@ -332,7 +336,7 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None) 
     worker_groups = [_worker_group(spec, group, labels, node_labels, worker_dashboard, secret)
                      for group in spec.worker_groups]
     ray_version = importlib.metadata.version("ray")
-    env = runtime_env(spec)
+    env = runtime_env(spec, extra=attempt_env)
     metadata = job_metadata(spec, attempt=1)
     # KubeRay's own retries (backoffLimit) do not tell the job its attempt number; leave it out.
     metadata.pop(wire.META_ATTEMPT)
@@ -346,7 +350,7 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None) 
             "metadata": metadata,
             "submissionMode": "K8sJobMode",
             "submitterConfig": {"backoffLimit": 2},
-            "backoffLimit": spec.max_retries,
+            "backoffLimit": spec.max_retries if backoff_limit is None else backoff_limit,
             "shutdownAfterJobFinishes": not spec.keep_cluster,
             "rayClusterSpec": {
                 "rayVersion": ray_version,
@@ -415,14 +419,15 @@ def owner_reference(rayjob: dict[str, Any]) -> dict[str, Any]:
             "uid": rayjob["metadata"]["uid"], "blockOwnerDeletion": True}
 
 
-def apply(spec: JobSpec, access: KubeAccess | None = None) -> Applied:
+def apply(spec: JobSpec, access: KubeAccess | None = None, attempt_env: Mapping[str, str] | None = None,
+          backoff_limit: int | None = None) -> Applied:
     """Create the manifests in the namespace given (else the context's), in the cluster of the kubeconfig
     context given (else the current one, else the pod's). Checks what it can (render, kubeconfig,
     server) before creating anything. The Secret first (the RayJob's pods read it), then the RayJob, then
     ownerReferences to the RayJob on the Secret and the PodMonitor (its uid exists only now). The same
     run id again finds its RayJob (409) and follows it: the existing Secret's token is kept."""
     spec = spec.with_run_id()
-    manifests = render(spec)
+    manifests = render(spec, attempt_env=attempt_env, backoff_limit=backoff_limit)
     access = access or kube_api(spec.context)
     from kubernetes import client
     from kubernetes.client.rest import ApiException

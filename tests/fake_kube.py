@@ -13,6 +13,13 @@ is created suspended (Kueue's webhook) and waits as Suspended until admit(); one
 goes Suspending -> Suspended, its submitter Job deleted and jobStatus reset. The driver's output is the
 log of the submitter Job's (`<RayJob name>`, one per attempt) pod, labelled
 `batch.kubernetes.io/job-name=<RayJob name>`.
+
+For healing (launcher/backends/kuberay_heal.py): with `nodes` (Kubernetes node name -> the base URL of a
+real HTTP server standing in for the raypulse sidecar on that node), each attempt's RayCluster gets a Ray
+pod labelled `ray.io/cluster=<status.rayClusterName>` on the first node that is not cordoned
+(spec.unschedulable), and the pod proxy (`pods/<pod>:<port>/proxy/<path>`) forwards to that node's server
+as the API server does (503 when nothing answers). Nodes are cluster-scoped objects (get, merge-patch). A
+RayJob deleted and applied again under the same name goes on with its script's next attempt.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import trustme
 import yaml
 from aiohttp import web
@@ -38,6 +46,7 @@ from launcher.kuberay import KUEUE_QUEUE_LABEL
 from scripts.ports import free_port
 
 TOKEN = "fake-service-account-token"
+RAY_CLUSTER_LABEL = "ray.io/cluster"
 
 
 @dataclass
@@ -94,12 +103,17 @@ class FakeApiServer:
     """The API server; every request is recorded in `requests`; `scripts[name]` is a RayJob's script (a list
     of Attempts, or VALIDATION_FAILED; default: one attempt that succeeds)."""
 
-    def __init__(self, ca: trustme.CA, token: str = TOKEN, step_s: float = 0.05, watch_close_s: float = 1.0) -> None:
+    def __init__(self, ca: trustme.CA, token: str = TOKEN, step_s: float = 0.05, watch_close_s: float = 1.0,
+                 nodes: dict[str, str] | None = None) -> None:
         self.token = token
         self.crd_installed = True
         self.step_s = step_s
         self.watch_close_s = watch_close_s  # a watch is closed by the server after this long (as real ones are)
         self.scripts: dict[str, list[Attempt] | str] = {}
+        self.nodes = dict(nodes or {})  # Kubernetes node -> base URL of the sidecar exporter its Ray pods serve
+        self._proxied: dict[str, str] = {}  # Ray pod name -> base URL its proxy forwards to
+        self._consumed: dict[str, int] = {}  # RayJob name -> script attempts used by earlier RayJobs of the name
+        self._clusters = 0
         self.requests: list[tuple[str, str, Any]] = []
         self.objects: dict[str, dict[str, Any]] = {}  # path of the object -> object
         self.watches = 0  # watch requests served
@@ -138,6 +152,13 @@ class FakeApiServer:
     def rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.objects.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}")
 
+    def node(self, name: str) -> dict[str, Any]:
+        return self.objects[f"/api/v1/nodes/{name}"]
+
+    def ray_pods(self, namespace: str) -> list[dict[str, Any]]:
+        return [obj for key, obj in self.objects.items() if key.startswith(f"/api/v1/namespaces/{namespace}/pods/")
+                and RAY_CLUSTER_LABEL in (obj["metadata"].get("labels") or {})]
+
     def compact(self, namespace: str) -> None:
         """etcd's compaction: every resourceVersion up to now is too old to watch from (410 Gone); the
         change that follows (a pod's, not the RayJob's) is where a new list starts."""
@@ -165,6 +186,9 @@ class FakeApiServer:
         runner = web.AppRunner(app, shutdown_timeout=0.5)
         self._loop.run_until_complete(runner.setup())
         self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=self._ssl).start())
+        for node in self.nodes:
+            self.objects[f"/api/v1/nodes/{node}"] = {"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": node, "resourceVersion": "1"}, "spec": {}}
         self._started.set()
         self._loop.run_forever()
 
@@ -207,8 +231,13 @@ class FakeApiServer:
             await self._status(path, jobDeploymentStatus=VALIDATION_FAILED, reason=VALIDATION_FAILED,
                                message="invalid RayJob spec: the head group needs a container")
             return
+        script = script[self._consumed.get(name, 0):]  # applied again after a delete: the script goes on
         retries = int(obj["spec"].get("backoffLimit") or 0)
         for number, attempt in enumerate(script, 1):
+            self._consumed[name] = self._consumed.get(name, 0) + 1
+            self._clusters += 1
+            cluster = f"{name}-raycluster-{self._clusters}"
+            await self._ray_pod(namespace, cluster)
             job = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"  # the submitter Job, one per attempt
             await self._store(job, "ADDED", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
                 "name": name, "namespace": namespace, "uid": str(uuid.uuid4())}, "status": {"active": 1}})
@@ -222,7 +251,7 @@ class FakeApiServer:
                 "status": {"phase": "Running"}})
             job_id = obj["spec"].get("jobId") or f"{name}-{secrets.token_hex(4)}"  # KubeRay reuses a given one
             await self._status(path, jobDeploymentStatus="Running", jobId=job_id,
-                               jobStatus="PENDING", rayClusterName=f"{name}-raycluster-{number}", failed=number - 1)
+                               jobStatus="PENDING", rayClusterName=cluster, failed=number - 1)
             await asyncio.sleep(self.step_s)
             await self._status(path, jobStatus="RUNNING")
             for line in attempt.log:
@@ -259,6 +288,39 @@ class FakeApiServer:
                                message="Job failed: the driver exited with code 1", failed=number)
             return
 
+    async def _ray_pod(self, namespace: str, cluster: str) -> None:
+        """The RayCluster's Ray pod, scheduled on the first node not cordoned (none without `nodes`)."""
+        free = [node for node in self.nodes if not self.objects[f"/api/v1/nodes/{node}"]["spec"].get("unschedulable")]
+        if not free:
+            return
+        name = f"{cluster}-head"
+        self._proxied[name] = self.nodes[free[0]]
+        await self._store(f"/api/v1/namespaces/{namespace}/pods/{name}", "ADDED", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
+                         "labels": {RAY_CLUSTER_LABEL: cluster}},
+            "spec": {"nodeName": free[0], "containers": [{"name": "ray-head", "image": "rayproject/ray"},
+                                                          {"name": "raypulse-exporter", "image": "raypulse"}]},
+            "status": {"phase": "Running"}})
+
+    async def _proxy(self, request: web.Request, pod: str, rest: list[str]) -> web.StreamResponse:
+        """The pod proxy: the request's path and query forwarded to the pod's server, its answer passed back
+        as it came (status, ETag, Content-Encoding, body)."""
+        name = pod.rpartition(":")[0].removeprefix("https:")
+        if name not in self._proxied:
+            return self._error(404, "NotFound", f'pods "{name}" not found', "pods", name)
+        url = self._proxied[name] + "/" + "/".join(rest) + (f"?{request.query_string}" if request.query_string else "")
+        headers = {key: request.headers[key] for key in ("Accept-Encoding", "If-None-Match") if key in request.headers}
+        try:
+            async with aiohttp.ClientSession(auto_decompress=False) as session, \
+                    session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as answer:
+                body = await answer.read()
+                kept = {key: answer.headers[key] for key in ("ETag", "Content-Encoding", "Content-Type")
+                        if key in answer.headers}
+                return web.Response(status=answer.status, body=body, headers=kept)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return self._error(503, "ServiceUnavailable", f"error trying to reach service: {type(exc).__name__}")
+
     # --- HTTP --------------------------------------------------------------------------------------
 
     @staticmethod
@@ -280,8 +342,15 @@ class FakeApiServer:
         rest = parts[len(group):]
         if group[:2] == ["apis", "ray.io"] and not self.crd_installed:
             return web.Response(status=404, text="404 page not found")
+        if rest[:1] == ["nodes"] and len(rest) == 2 and path in self.objects:  # cluster-scoped: get, patch
+            if request.method == "PATCH" and isinstance(body, dict):
+                _merge(self.objects[path], body)
+                await self._store(path, "MODIFIED", self.objects[path])
+            return web.json_response(self.objects[path])
         if len(rest) < 3 or rest[0] != "namespaces":
             return self._error(404, "NotFound", "not here")
+        if len(rest) >= 5 and rest[2] == "pods" and rest[4] == "proxy" and request.method == "GET":
+            return await self._proxy(request, rest[3], rest[5:])
         resource, query = rest[2], request.query
         if len(rest) == 3 and request.method == "GET":
             if query.get("watch") in ("true", "1"):
@@ -320,6 +389,11 @@ class FakeApiServer:
                         if pod in self.objects and self.objects[pod]["metadata"]["labels"].get(JOB_NAME_LABEL) \
                                 == obj["metadata"]["name"]:
                             self._ended.add(pod)
+                    cluster = (obj.get("status") or {}).get("rayClusterName")
+                    for key in [key for key, pod in self.objects.items() if cluster and key.startswith(
+                            f"/api/v1/namespaces/{rest[1]}/pods/") and (pod["metadata"].get("labels") or {}).get(
+                            RAY_CLUSTER_LABEL) == cluster]:  # and its RayCluster's
+                        await self._store(key, "DELETED", None)
                 await self._store(path, "DELETED", None)
                 return web.json_response({"kind": "Status", "status": "Success"})
         return self._error(404, "NotFound", f"{resource} not found", resource, rest[3] if len(rest) > 3 else None)

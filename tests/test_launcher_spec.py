@@ -165,8 +165,6 @@ def test_memory_renders_as_kubernetes_quantity():
     ({"entrypoint": "python a.py", "health": {"check_interval_seconds": 0.1}}, "health.check_interval_seconds",
      "greater than or equal to 0.5"),
     ({"entrypoint": "python a.py", "health": {"on_hang": "reboot"}}, "health.on_hang", "'restart', 'stop' or 'report'"),
-    ({"entrypoint": "python a.py", "backend": "kuberay", "health": {"on_hang": "stop"}}, "health",
-     "backoffLimit"),
     ({"entrypoint": "python a.py", "address": "http://h:8265", "checkpoint_dir": "ckpt"}, "checkpoint_dir",
      "absolute path every node can reach, or a URI"),
     ({"entrypoint": "python a.py", "worker_groups": [{"memory": -5}]}, "worker_groups[0].memory",

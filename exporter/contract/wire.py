@@ -59,6 +59,8 @@ SD_JOB_LABEL = "job"  # Prometheus keeps a `job` target label that discovery set
 NODE_LABEL_EXPORTER_PORT = "raypulse.io/exporter-port"  # the port of the node's exporter
 NODE_LABEL_NODE = "raypulse.io/node"  # the launcher's name for the node: head, workers-1, ...
 NODE_LABEL_GROUP = "raypulse.io/group"  # its worker group (head for the head)
+# On a Kubernetes node the launcher cordoned for a run (health.cordon_nodes): which run, why, when (JSON).
+NODE_ANNOTATION_CORDONED = "raypulse.io/cordoned"
 
 # --- Ray job metadata (set by the launcher on every attempt) --------------------------------------
 META_PREFIX = "raypulse."

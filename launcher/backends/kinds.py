@@ -65,9 +65,6 @@ class KubeRayKind(Kind):
 
     @classmethod
     def refusal(cls, spec: SpecFields) -> str | None:
-        if spec.health.model_fields_set:
-            return ("health: the launcher's watcher follows local and existing clusters; on KubeRay, backoffLimit "
-                    "(max_retries) restarts failed jobs (see docs/healing.md)")
         if spec.queue and spec.keep_cluster:
             return "queue: Kueue admits a RayJob only when its cluster shuts down after the job"
         return None

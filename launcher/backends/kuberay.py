@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,13 +18,33 @@ from launcher.backends.kinds import KubeRayKind
 from launcher.errors import BadInput
 from launcher.jobs import JobsClient
 from launcher.journal import Journal
-from launcher.kubeaccess import kube_api
+from launcher.kubeaccess import KubeAccess, kube_api
 from launcher.state import RunRecord, claim_supervision, load_run, release_supervision
 from launcher.tracing import RunTrace, traces_url
 
 if TYPE_CHECKING:
     from launcher.display import Reporter
+    from launcher.healing import Healing
     from launcher.spec import JobSpec
+
+
+def _healing(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str,
+             cluster: Callable[[], str | None]) -> Healing | None:
+    """The run's health watcher on KubeRay: the sidecars of the current RayCluster's pods, read through the
+    API server (launcher/backends/kuberay_heal.py); a faulty GPU's node cordoned with health.cordon_nodes.
+    None without sidecars (nothing to read) or with health off."""
+    if not spec.health.enabled or not spec.sidecar:
+        return None
+    from kubernetes import client
+
+    from launcher.backends.kuberay_heal import NodeCordon, ray_pod_targets
+    from launcher.healing import Healing
+
+    core = client.CoreV1Api(access.api_client)
+    targets = ray_pod_targets(core, namespace, cluster, spec.exporter_port, https=bool(spec.exporter_web_config_secret))
+    remedy = NodeCordon(core, spec.run_id or "") if spec.health.cordon_nodes else None
+    return Healing(spec.health, journal, targets, remedy, blind_hint=(
+        "no running Ray pod of the RayJob's cluster on a node, or no `list pods` for the launcher's account"))
 
 
 class KubeRayBackend(KubeRayKind):
@@ -66,7 +87,9 @@ class KubeRayBackend(KubeRayKind):
             release_supervision(name)  # `status` and `stop` read and stop it from here on
             return record
         try:
-            return kuberay_follow.follow(applied, access, journal, cancel)
+            follower = kuberay_follow.RayJobFollower(applied, access, journal, cancel, spec=spec)
+            follower.healing = _healing(spec, journal, access, namespace, lambda: follower.cluster_name)
+            return follower.follow()
         finally:
             journal.close(record.state)
             run_trace.finish(record.state, record.reason, {"raypulse.exit_code": record.exit_code,

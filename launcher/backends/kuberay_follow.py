@@ -16,6 +16,12 @@ What KubeRay stores, and how it is read here (rayjob_types.go, rayjob_controller
 The RayJob is watched with a field selector on its name; a watch the server closes (they all end) is
 opened again from the last resourceVersion, and a 410 (too old) starts again from a fresh list (watched
 from the list's resourceVersion: the object's own may be older than the server's compacted history).
+
+With a health policy (launcher/backends/kuberay_heal.py says what is read and how), the watcher checks
+the running attempt beside the follow loop. A fault the policy restarts for ends the attempt the one way
+KubeRay allows (the RayJob deleted, foreground: its RayCluster, Secret and PodMonitor go first), then the
+same RayJob is applied again as the next attempt, with RAYPULSE_RESUME_FROM and a backoffLimit of what is
+left of max_retries: one numbering of attempts, one budget, with KubeRay's own retries in between.
 """
 
 from __future__ import annotations
@@ -26,15 +32,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from launcher import kuberay
 from launcher.errors import BadInput
 from launcher.journal import Journal
 from launcher.kubeaccess import KubeAccess, api_error, kube_api
 from launcher.kuberay import KUEUE_QUEUE_LABEL
-from launcher.run import finish_run
+from launcher.run import failures_in_a_row, finish_run, retry_delay
 from launcher.state import RunRecord, stop_requested, write_private
 
 if TYPE_CHECKING:
+    from launcher.healing import Healing
+    from launcher.health.faults import Fault
     from launcher.kuberay import Applied
+    from launcher.spec import JobSpec
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayjobs"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the label Kubernetes puts on a Job's pods
@@ -42,6 +52,7 @@ WATCH_SECONDS = 60  # a watch asks the server to close it after this long; it is
 LOST_AFTER_S = 30.0  # the API server unreachable this long: the run ends as an infrastructure error
 POLL_S = 0.5  # how often a stop (Ctrl-C, `launcher stop`) is looked for while nothing changes
 LOG_JOIN_S = 5.0  # an ended attempt's log stream gets this long to drain
+GONE_WAIT_S = 300.0  # a RayJob deleted to restart it gets this long to go (its pods stop, the finalizer runs)
 
 # KubeRay's failure reasons that are not the job's own failure (the run's infrastructure).
 INFRA_REASONS = {"SubmissionFailed", "JobDeploymentStatusTransitionGracePeriodExceeded", "RayClusterFailed"}
@@ -106,17 +117,21 @@ class _PodLog:
 class RayJobFollower:
     """One RayJob followed to its end; its events go to the run's journal."""
 
-    def __init__(self, applied: Applied, access: KubeAccess, journal: Journal, cancel: threading.Event) -> None:
+    def __init__(self, applied: Applied, access: KubeAccess, journal: Journal, cancel: threading.Event,
+                 healing: Healing | None = None, spec: JobSpec | None = None) -> None:
         from kubernetes import client
 
         self.access, self.journal, self.cancel = access, journal, cancel
+        self.healing, self.spec = healing, spec  # with a health policy: the spec to apply again after a fault
+        self.cluster_name: str | None = None  # the current attempt's RayCluster (status.rayClusterName)
+        self._generation = 0  # the RayJob applied last; a watch of an earlier one is dropped
         self.namespace = applied.namespace
         self.name = applied.rayjob["metadata"]["name"]
         self.kueue = KUEUE_QUEUE_LABEL in (applied.rayjob["metadata"].get("labels") or {})
         self.custom = client.CustomObjectsApi(access.api_client)
         self.core = client.CoreV1Api(access.api_client)
         self.finished = threading.Event()
-        self._updates: queue.Queue[tuple[str, dict[str, Any]] | BaseException] = queue.Queue()
+        self._updates: queue.Queue[tuple[int, str, dict[str, Any]] | BaseException] = queue.Queue()
         self._attempts: list[_Attempt] = []
         self._pods_seen: set[str] = set()
         self._stopping: str | None = None
@@ -128,23 +143,24 @@ class RayJobFollower:
 
     # --- the watch -------------------------------------------------------------------------------
 
-    def _watch(self) -> None:
-        """Feed the RayJob's changes to the follow loop; opened again whenever the server closes it."""
+    def _watch(self, generation: int) -> None:
+        """Feed the RayJob's changes to the follow loop; opened again whenever the server closes it (until
+        the RayJob is deleted, or deleted and applied again: that one has a watch of its own)."""
         from kubernetes import watch
         from kubernetes.client.rest import ApiException
 
         version: str | None = None
-        while not self.finished.is_set():
+        while not self.finished.is_set() and generation == self._generation:
             try:
                 if version is None:  # a fresh read: the object now, and the list's version to watch from
                     # (the object's own resourceVersion may be older than the server's compacted history)
                     listed = self.custom.list_namespaced_custom_object(
                         GROUP, VERSION, self.namespace, PLURAL, field_selector=f"metadata.name={self.name}")
                     if not listed.get("items"):
-                        self._updates.put(("DELETED", {}))
+                        self._updates.put((generation, "DELETED", {}))
                         return
                     version = listed["metadata"].get("resourceVersion")
-                    self._updates.put(("MODIFIED", listed["items"][0]))
+                    self._updates.put((generation, "MODIFIED", listed["items"][0]))
                 stream = watch.Watch().stream(
                     self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
                     field_selector=f"metadata.name={self.name}", resource_version=version,
@@ -152,15 +168,15 @@ class RayJobFollower:
                 for event in stream:
                     obj = event["raw_object"]
                     version = obj.get("metadata", {}).get("resourceVersion", version)
-                    self._updates.put((event["type"], obj))
-                    if self.finished.is_set():
+                    self._updates.put((generation, event["type"], obj))
+                    if self.finished.is_set() or generation != self._generation:
                         break
             except ApiException as exc:
                 if exc.status == 410:  # the version is too old to watch from: read the object again
                     version = None
                     continue
                 if exc.status == 404:
-                    self._updates.put(("DELETED", {}))
+                    self._updates.put((generation, "DELETED", {}))
                     return
                 self._updates.put(exc)
                 time.sleep(1)
@@ -172,12 +188,18 @@ class RayJobFollower:
 
     def follow(self) -> RunRecord:
         """Follow the RayJob to KubeRay's end of it. BadInput for ValidationFailed (the RayJob is deleted)."""
-        threading.Thread(target=self._watch, name="rayjob-watch", daemon=True).start()
+        self._start_watch()
         lost_since: float | None = None
         try:
             while True:
-                if self._stopping is None and (self.cancel.is_set() or stop_requested(self.record.run_id)):
+                if self._stopping is None and self._stop_asked():
                     self._stop()
+                fault = self._polled()
+                if fault is not None:
+                    ended = self._restart(fault)
+                    if ended is not None:
+                        return ended
+                    continue
                 try:
                     update = self._updates.get(timeout=POLL_S)
                 except queue.Empty:
@@ -189,7 +211,9 @@ class RayJobFollower:
                                          f"unreachable for {LOST_AFTER_S:.0f}s ({type(update).__name__})")
                     continue
                 lost_since = None
-                kind, obj = update
+                generation, kind, obj = update
+                if generation != self._generation:
+                    continue  # the RayJob deleted to restart it: its last news is not the run's
                 ended = self._observe(kind, obj)
                 if ended is not None:
                     return ended
@@ -206,6 +230,7 @@ class RayJobFollower:
         status = obj.get("status") or {}
         deployment, job_status = status.get("jobDeploymentStatus"), status.get("jobStatus")
         reason, message = status.get("reason"), status.get("message")
+        self.cluster_name = status.get("rayClusterName") or self.cluster_name
         if deployment == VALIDATION_FAILED:
             self._delete()
             raise BadInput(f"KubeRay refused RayJob {self.name} ({VALIDATION_FAILED}: {message or 'no message'}); "
@@ -228,6 +253,8 @@ class RayJobFollower:
             if item is not None:
                 item.status = "RUNNING"
             self.journal.emit("attempt.running", attempt=current.number, submission_id=current.job_id)
+            if self.healing is not None:
+                self.healing.running(time.time())
         if deployment == "Retrying" and not current.ended:
             self._attempt_ended(current, job_status or "FAILED", message)
             self.journal.emit("retry.scheduled", attempt=current.number, delay=0, cause="failed")
@@ -269,10 +296,14 @@ class RayJobFollower:
             self.journal.emit("attempt.submitted", attempt=number, submission_id=job_id, address=self.access.server)
         attempt.log = _PodLog(self, self._pods_seen)
         attempt.log.start()
+        if self.healing is not None:
+            self.healing.watch(number, job_id)
         return attempt
 
-    def _attempt_ended(self, attempt: _Attempt, status: str, message: str | None) -> None:
+    def _attempt_ended(self, attempt: _Attempt, status: str, message: str | None, state: str | None = None) -> None:
         attempt.ended = True
+        if self.healing is not None:
+            self.healing.pause()  # no checks of an attempt that is over
         if attempt.log is not None:
             attempt.log.done.wait(LOG_JOIN_S)
             write_private(self.record.attempt_log(attempt.number), "".join(attempt.log.text))
@@ -281,11 +312,118 @@ class RayJobFollower:
             item.status, item.message = status, message
             item.ended_at = time.time()
         self.journal.emit("attempt.finished", attempt=attempt.number, submission_id=attempt.job_id, status=status,
-                          state=status, message=message)
+                          state=state or status, message=message)
 
     def _end(self, state: str, reason: str | None) -> RunRecord:
         self.finished.set()
-        return finish_run(self.journal, state, reason)
+        if self.healing is None:
+            return finish_run(self.journal, state, reason)
+        ratio = self.healing.effective_training_ratio()
+        self.healing.close()
+        return finish_run(self.journal, state, reason, effective_training_ratio=ratio)
+
+    # --- healing --------------------------------------------------------------------------------
+
+    def _start_watch(self) -> None:
+        threading.Thread(target=self._watch, args=(self._generation,), name="rayjob-watch", daemon=True).start()
+
+    def _stop_asked(self) -> bool:
+        return self.cancel.is_set() or stop_requested(self.record.run_id)
+
+    def _polled(self) -> Fault | None:
+        """The fault a check beside the loop decided for the running attempt, if any (never waits for one)."""
+        current = self._attempts[-1] if self._attempts else None
+        if self.healing is None or self._stopping or current is None or not current.running or current.ended:
+            return None
+        return self.healing.poll(None)
+
+    def _restart(self, fault: Fault) -> RunRecord | None:
+        """End the faulty attempt (the RayJob deleted) and, by the policy and what is left of max_retries,
+        apply it again as the next attempt; the run's record when it ends here instead."""
+        assert self.healing is not None
+        assert self.spec is not None
+        current = self._attempts[-1]
+        self.journal.emit("attempt.stopping", attempt=current.number, submission_id=current.job_id,
+                          reason="UNHEALTHY", why=f"{fault.summary}; deleting the RayJob")
+        self._generation += 1  # the deleted RayJob's watch ends; its news is dropped
+        self._delete(foreground=True)
+        gone = self._gone()
+        self._attempt_ended(current, "STOPPED", fault.summary, state="UNHEALTHY")
+        if not gone:
+            return self._end("INFRA_ERROR", f"the RayJob {self.name}, deleted to restart it, was still there after "
+                             f"{GONE_WAIT_S:.0f}s")
+        if self._stop_asked():
+            return self._end("STOPPED", "stopped while the attempt was being restarted (the RayJob is deleted)")
+        policy, spec = self.healing.policy, self.spec
+        if policy.action(fault.kind) == "stop":
+            return self._end("UNHEALTHY", f"{fault.summary}; health.on_{fault.kind.value} is stop")
+        if current.number >= spec.max_attempts:
+            return self._end("UNHEALTHY", f"{fault.summary}; no retries left (max_retries {spec.max_retries})")
+        repeated = self.healing.repeated(fault, None)
+        if repeated:
+            return self._end("REPEATED_FAILURE", f"{repeated}: retrying would not help")
+        node_out = self._keep_out(fault)
+        streak = 0
+        for item in sorted(self.record.attempts, key=lambda entry: entry.attempt):
+            if item.ended_at is not None:
+                streak = failures_in_a_row(streak, item)
+        delay = retry_delay(spec, streak, node_out)
+        self.journal.emit("retry.scheduled", attempt=current.number, delay=delay, cause=fault.kind.value)
+        if self._stopped_within(delay):
+            return self._end("STOPPED", "stopped during the backoff before a retry (the RayJob is deleted)")
+        following = current.number + 1
+        limit = spec.active_deadline_seconds
+        if limit is not None:  # KubeRay counts it from the RayJob's start: the new one gets what is left
+            left = limit - (time.time() - self.record.created_at)
+            if left < 1:
+                return self._end("DEADLINE_EXCEEDED", f"active_deadline_seconds ({limit}s) passed before the "
+                                 "restart")
+            spec = spec.model_copy(update={"active_deadline_seconds": int(left)})
+        applied = kuberay.apply(spec, self.access, attempt_env=self.healing.attempt_env(following),
+                                backoff_limit=spec.max_attempts - following)
+        self.kueue = KUEUE_QUEUE_LABEL in (applied.rayjob["metadata"].get("labels") or {})
+        self.cluster_name = None
+        self._start_watch()
+        return None
+
+    def _stopped_within(self, seconds: float) -> bool:
+        """Wait out the backoff; True as soon as a stop is asked (Ctrl-C sets `cancel`, `launcher stop` a file)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            if self._stop_asked():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.cancel.wait(min(POLL_S, left))
+
+    def _keep_out(self, fault: Fault) -> bool:
+        """The faulty node kept out of the next attempt where the policy allows (cordoned); True if it was."""
+        assert self.healing is not None
+        if not fault.node_out or fault.node is None:
+            return False
+        if self.healing.remedy is None:
+            self.journal.emit("node.left", node=fault.node, reason=fault.summary,
+                              why="health.cordon_nodes is off: the node is not cordoned")
+            return False
+        return self.healing.remedy_node(fault)
+
+    def _gone(self) -> bool:
+        """Wait until the RayJob is gone (True), or GONE_WAIT_S passed."""
+        from kubernetes.client.rest import ApiException
+        from urllib3.exceptions import HTTPError
+
+        deadline = time.monotonic() + GONE_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return True
+            except HTTPError:
+                pass  # the API server blinked: ask again
+            time.sleep(POLL_S)
+        return False
 
     # --- stopping -------------------------------------------------------------------------------
 
@@ -303,9 +441,12 @@ class RayJobFollower:
         else:
             self._delete()
 
-    def _delete(self) -> None:
+    def _delete(self, foreground: bool = False) -> None:
+        """Foreground to restart: the RayJob goes only after what it owns (its Secret among them), so the one
+        applied next never finds a Secret the garbage collector is about to take."""
         self._call("delete rayjobs", lambda: self.custom.delete_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, self.name, propagation_policy="Background"))
+            GROUP, VERSION, self.namespace, PLURAL, self.name,
+            propagation_policy="Foreground" if foreground else "Background"))
 
     def _call(self, action: str, call: Any) -> None:
         from kubernetes.client.rest import ApiException
@@ -320,9 +461,10 @@ class RayJobFollower:
             raise api_error(exc, self.access, action, self.namespace) from None
 
 
-def follow(applied: Applied, access: KubeAccess, journal: Journal, cancel: threading.Event) -> RunRecord:
-    """Follow the applied RayJob to its end (the journal's record is the run's)."""
-    return RayJobFollower(applied, access, journal, cancel).follow()
+def follow(applied: Applied, access: KubeAccess, journal: Journal, cancel: threading.Event,
+           healing: Healing | None = None, spec: JobSpec | None = None) -> RunRecord:
+    """Follow the applied RayJob to its end (the journal's record is the run's), healing it by `healing`."""
+    return RayJobFollower(applied, access, journal, cancel, healing, spec).follow()
 
 
 # --- runs nothing follows (--no-wait, a launcher that was killed) ----------------------------------

@@ -8,7 +8,9 @@ basic auth) are read through the ExporterAccess the launcher keeps for them (sta
 Every read of an exporter (here, and the recorder's) goes through one bounded reader, `get`: an
 exporter is foreign input and may be dying, slow or hostile, so a read has one deadline for the whole
 request (a server trickling a byte at a time cannot hold it), caps on the bytes on the wire and on
-what they inflate to (a gzip bomb), and every way it can go wrong ends as one ReadError.
+what they inflate to (a gzip bomb), and every way it can go wrong ends as one ReadError. A target
+reached another way (a KubeRay pod's sidecar through the API server's proxy, launcher/health/kubeproxy.py)
+carries its own Reader, which reads the body through the same bounds (`read_body`, `answer_of`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -79,11 +81,26 @@ class Sample:
     value: float
 
 
+class Reader(Protocol):
+    """A GET of one path of a target's exporter (`/metrics?...`) by another transport than plain HTTP(S),
+    bounded as get_if_changed() is; raises ReadError, and only that."""
+
+    def __call__(self, path: str, timeout: float, etag: str | None = None) -> Answer: ...
+
+
 @dataclass(frozen=True)
 class Target:
     node: str  # the launcher's or /sd's name for the node
-    url: str  # the exporter's base URL
+    url: str  # the exporter's base URL (with a reader: where it reads, for the journal and as a key)
     access: ExporterAccess | None = None  # TLS trust and credentials, when the exporter has a web config
+    reader: Reader | None = None  # None: plain HTTP(S) to `url`
+    pod: str | None = None  # the pod the exporter serves from, when it is a KubeRay sidecar
+
+    def get(self, path: str, timeout: float, etag: str | None = None) -> Answer:
+        """A bounded, conditional, gzip-accepting read of `path`, by the target's transport."""
+        if self.reader is not None:
+            return self.reader(path, timeout, etag)
+        return get_if_changed(self.url.rstrip("/") + path, self.access, timeout, etag, accept_gzip=True)
 
 
 @dataclass
@@ -209,32 +226,14 @@ def _fetch(url: str, access: ExporterAccess | None, deadline: float, timeout: fl
         connection.sock.settimeout(max(0.001, deadline - time.monotonic()))  # no single wait past the deadline
         connection.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers)
         response = connection.getresponse()
-        tag = response.getheader("ETag")
-        tag = tag.strip() if tag and len(tag) <= MAX_ETAG_CHARS and tag.isprintable() else None
+        tag = etag_of(response.getheader("ETag"))
         if response.status == 304 and etag:
             return 304, b"", "identity", tag
         if response.status != 200:
             raise ReadError(f"HTTP {response.status} {_printable(response.reason)}".rstrip())
-        length = response.getheader("Content-Length")
-        if length is not None and length.strip().isdigit() and int(length) > max_wire_bytes:
-            raise ReadError(f"an answer of {int(length)} bytes, more than the {max_wire_bytes} read")
-        chunks, size = [], 0
-        while True:
-            chunk = response.read1(CHUNK_BYTES)
-            if expired.is_set() or time.monotonic() > deadline:
-                raise ReadError(f"no whole answer within {timeout:g}s")
-            if not chunk:
-                if response.length:  # read1 takes an early close for the end; Content-Length says otherwise
-                    raise http.client.IncompleteRead(b"".join(chunks), response.length)
-                break
-            size += len(chunk)
-            if size > max_wire_bytes:
-                raise ReadError(f"an answer of more than {max_wire_bytes} bytes")
-            chunks.append(chunk)
-        encoding = (response.getheader("Content-Encoding") or "identity").strip().lower()
-        if encoding not in ("gzip", "identity"):
-            raise ReadError(f"an answer in an encoding not asked for ({_printable(encoding)})")
-        return 200, b"".join(chunks), encoding, tag
+        body = read_body(response.read1, lambda: response.length, response.getheader("Content-Length"), expired,
+                         deadline, timeout, max_wire_bytes)
+        return 200, body, _encoding(response.getheader("Content-Encoding")), tag
     except Exception as exc:
         # What the shutdown made of a read in flight, or a socket timeout (set to the time left) that came first
         if expired.is_set() or isinstance(exc, TimeoutError):
@@ -243,6 +242,61 @@ def _fetch(url: str, access: ExporterAccess | None, deadline: float, timeout: fl
     finally:
         _REAPER.forget(watch)
         connection.close()
+
+
+def etag_of(header: str | None) -> str | None:
+    """An answer's ETag as it is kept and sent back: printable and short, else none."""
+    return header.strip() if header and len(header) <= MAX_ETAG_CHARS and header.isprintable() else None
+
+
+def read_body(read1: Callable[[int], bytes], left: Callable[[], int | None], length: str | None,
+              expired: threading.Event, deadline: float, timeout: float, max_wire_bytes: int) -> bytes:
+    """A 200's body, a chunk at a time: never more than `max_wire_bytes`, never past the deadline (`expired`
+    is set when the reaper cut the socket). `left` is what Content-Length says is still to come."""
+    if length is not None and length.strip().isdigit() and int(length) > max_wire_bytes:
+        raise ReadError(f"an answer of {int(length)} bytes, more than the {max_wire_bytes} read")
+    chunks, size = [], 0
+    while True:
+        chunk = read1(CHUNK_BYTES)
+        if expired.is_set() or time.monotonic() > deadline:
+            raise ReadError(f"no whole answer within {timeout:g}s")
+        if not chunk:
+            if left():  # read1 takes an early close for the end; Content-Length says otherwise
+                raise http.client.IncompleteRead(b"".join(chunks), left())
+            break
+        size += len(chunk)
+        if size > max_wire_bytes:
+            raise ReadError(f"an answer of more than {max_wire_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _encoding(header: str | None) -> str:
+    encoding = (header or "identity").strip().lower()
+    if encoding not in ("gzip", "identity"):
+        raise ReadError(f"an answer in an encoding not asked for ({_printable(encoding)})")
+    return encoding
+
+
+def answer_of(body: bytes, encoding_header: str | None, etag: str | None,
+              max_inflated_bytes: int = MAX_INFLATED_BYTES) -> Answer:
+    """A 200's body as the watcher takes it: inflated (never past the cap) when it came gzipped."""
+    encoding = _encoding(encoding_header)
+    return Answer(_inflate(body, max_inflated_bytes) if encoding == "gzip" else body, etag)
+
+
+def why(exc: BaseException) -> ReadError:
+    """Whatever a read raised, as the one error a read ends with."""
+    return exc if isinstance(exc, ReadError) else ReadError(_why(exc))
+
+
+def cut_at(deadline: float, connection: http.client.HTTPConnection, expired: threading.Event) -> list[Any]:
+    """Have the reads' one reaper shut `connection`'s socket down at `deadline` (forget_cut() when done)."""
+    return _REAPER.watch(deadline, connection, expired)
+
+
+def forget_cut(entry: list[Any]) -> None:
+    _REAPER.forget(entry)
 
 
 class _Reaper:
@@ -379,7 +433,9 @@ def read(target: Target, timeout: float = READ_TIMEOUT_S, known: Known | None = 
     If-None-Match their ETag: an unchanged node answers 304 and costs no parse."""
     if known is None:
         try:
-            text = fetch_metrics(target.url, target.access, timeout)
+            answer = target.get(wire.METRICS_PATH, timeout)
+            assert answer.body is not None  # no ETag named: never a 304
+            text = answer.body.decode(errors="replace")
         except ReadError as exc:
             return NodeRead(target, error=str(exc))
         try:
@@ -388,8 +444,7 @@ def read(target: Target, timeout: float = READ_TIMEOUT_S, known: Known | None = 
             return NodeRead(target, error=f"an exposition that does not parse ({_why(exc)})")
     last = known.get(target.url)
     try:
-        answer = get_if_changed(target.url.rstrip("/") + FAMILIES_PATH, target.access, timeout,
-                                last.etag if last else None, accept_gzip=True)
+        answer = target.get(FAMILIES_PATH, timeout, last.etag if last else None)
     except ReadError as exc:
         known.pop(target.url, None)
         return NodeRead(target, error=str(exc))

@@ -229,6 +229,8 @@ def _gpu_faults(read: NodeRead, attempt: Attempt, baseline: Baseline, now: float
     faults = []
 
     where = {"node": node, "ray_node_ids": sorted(read.ray_node_ids), "host": _host(read.target.url)}
+    if read.target.pod:  # a KubeRay sidecar's: `node` is the pod's Kubernetes node (spec.nodeName)
+        where.update(pod=read.target.pod, node_is="the pod's spec.nodeName")
 
     def fault(what: str, key: str, at: float, node_out: bool = True, **evidence: Any) -> None:
         faults.append(Fault(FaultClass.GPU_FAULT, f"GPU fault ({what} on {node})", at, f"gpu:{node}:{key}", node,

@@ -34,7 +34,7 @@ MIN_CHECKS_PER_THRESHOLD = 3  # a threshold spans at least this many checks: one
 class HealthPolicy(Strict):
     """Watch the run and heal it; every field has a default that keeps a week-long run going."""
 
-    enabled: bool = Field(True, description="watch the run's health (local and existing clusters)")
+    enabled: bool = Field(True, description="watch the run's health (local, existing and KubeRay clusters)")
     check_interval_seconds: float = Field(10.0, ge=0.5, le=600,
                                           description="how often the watcher reads the exporters")
     hang_after_seconds: float = Field(HANG_AFTER_SECONDS, gt=0, description=(
@@ -48,6 +48,9 @@ class HealthPolicy(Strict):
     on_node_lost: Action = Field("restart", description="a node running the job died: what to do")
     on_nonfinite_loss: Action = Field("restart", description="a rank reported a NaN or infinite loss: what to do")
     stacks: bool = Field(True, description="take every process's Python stack before acting on a hang")
+    cordon_nodes: bool = Field(False, description=(
+        "KubeRay: cordon the Kubernetes node of a GPU fault (or a lost node) before the next attempt, so its pods "
+        "land elsewhere (needs `patch nodes`); off: the node is left alone and the event says so"))
 
     def action(self, fault: FaultClass) -> Action:
         return getattr(self, f"on_{fault.value}")
