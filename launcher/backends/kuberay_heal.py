@@ -38,15 +38,33 @@ def ray_pod_targets(core: Any, namespace: str, cluster: Callable[[], str | None]
         if not name:
             return []
         try:
-            pods = core.list_namespaced_pod(namespace, label_selector=f"{RAY_CLUSTER_LABEL}={name}",
-                                            _request_timeout=LIST_TIMEOUT_S).items
+            pods = _running_pods(core, namespace, f"{RAY_CLUSTER_LABEL}={name}")
         except Exception:  # noqa: BLE001 - no listing is no targets: the watcher's `health.blind`
             return []
-        return [pod_target(core.api_client, namespace, pod.metadata.name, pod.spec.node_name, port, https)
-                for pod in pods if pod.spec is not None and pod.spec.node_name  # not on a node yet: no sidecar
-                and (pod.status is None or pod.status.phase not in ("Succeeded", "Failed"))]
+        return [pod_target(core.api_client, namespace, pod, node, port, https) for pod, node in pods]
 
     return targets
+
+
+def _running_pods(core: Any, namespace: str, selector: str) -> list[tuple[str, str]]:
+    """(pod, node) of the selected pods placed on a node and not ended. Listed at every check, so it is
+    read as the server sends it (JSON, from the API server's watch cache: resourceVersion 0) and only
+    three fields are kept: the client's model objects cost ~0.8 ms a pod on top of the JSON's ~0.08 ms
+    (measured on a 2 KB pod), 1.6 s of a check at 2,000 pods."""
+    answer = core.list_namespaced_pod(namespace, label_selector=selector, resource_version="0",
+                                      _request_timeout=LIST_TIMEOUT_S, _preload_content=False)
+    try:
+        items = json.loads(answer.data).get("items") or []
+    finally:
+        answer.release_conn()
+    found = []
+    for item in items:
+        name = (item.get("metadata") or {}).get("name")
+        node = (item.get("spec") or {}).get("nodeName")  # not on a node yet: no sidecar to read
+        phase = (item.get("status") or {}).get("phase")
+        if name and node and phase not in ("Succeeded", "Failed"):
+            found.append((name, node))
+    return found
 
 
 class NodeCordon:
