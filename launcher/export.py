@@ -98,8 +98,7 @@ def export_run(run: str | Path, output: Path, dropped: list[Series] | None = Non
         if not (directory / "run.json").exists():
             raise BadInput(f"run_id: no run {str(run)!r} is recorded here (`launcher list` shows the runs)")
         raise BadInput(f"run_id: run {str(run)!r} has no recording (it ran with --record off or --prometheus, on "
-                       "KubeRay (its series are in the Prometheus its PodMonitor feeds), or before runs were "
-                       "recorded); nothing to export")
+                       "KubeRay with --no-sidecar, or before runs were recorded); nothing to export")
     try:
         return export(directory, output, dropped)
     except OSError as exc:

@@ -123,6 +123,8 @@ def path_of(run_dir: Path) -> Path:
 class ScrapeTarget:
     address: str  # host:port, as /sd lists it (Prometheus's `instance`)
     labels: Mapping[str, str]  # the target labels: /sd's, then `job` and `instance`
+    # Another transport than HTTP(S) to `address` (a KubeRay pod through the API server's proxy).
+    reader: exporters.Reader | None = field(default=None, compare=False)
 
 
 def discover(sd_url: str, access: ExporterAccess | None = None, timeout: float = READ_TIMEOUT_S) -> list[ScrapeTarget]:
@@ -277,7 +279,9 @@ def _sample(family: str, kind: str, help: str, name: str, exposed: Mapping[str, 
 Notify = Callable[[str, Mapping[str, Any]], None]
 # Where /sd is: a URL, or a callable that gives it once known (a local cluster starts its exporters
 # after the job runs) and None until then.
-SdSource = str | Callable[[], str | None]
+# The head exporter's /sd URL, or a callable giving it (None: not known yet), or giving the targets
+# themselves (KubeRay: the RayJob's pods, listed through the API server).
+SdSource = str | Callable[[], str | list[ScrapeTarget] | None]
 
 
 class Recorder:
@@ -395,10 +399,12 @@ class Recorder:
     def _record_round(self) -> None:
         if self.ended:
             return
-        sd_url = self.sd_url() if callable(self.sd_url) else self.sd_url
-        if sd_url:
+        source = self.sd_url() if callable(self.sd_url) else self.sd_url
+        if isinstance(source, list):
+            self._targets = source or self._targets  # none listed (the API server away): the ones known last
+        elif source:
             with contextlib.suppress(OSError, ValueError):  # /sd gone for a while: the targets known last
-                self._targets = discover(sd_url, self.access)
+                self._targets = discover(source, self.access)
         if not self._targets:
             return  # no exporter known yet: nothing to write
         at = time.time()
@@ -454,8 +460,11 @@ class Recorder:
                 return None, f"not read within the round's {ROUND_READS_S:g}s"
             last = known.get(path)
             try:
-                answer = exporters.get_if_changed(base + path, self.access, min(READ_TIMEOUT_S, left),
-                                                  last.etag if last else None, accept_gzip=True)
+                if target.reader is not None:
+                    answer = target.reader(path, min(READ_TIMEOUT_S, left), last.etag if last else None)
+                else:
+                    answer = exporters.get_if_changed(base + path, self.access, min(READ_TIMEOUT_S, left),
+                                                      last.etag if last else None, accept_gzip=True)
             except ReadError as exc:
                 return None, str(exc)
             if answer.body is None:

@@ -241,11 +241,11 @@ def test_a_second_submit_of_a_followed_run_is_refused(env: dict[str, str], api_s
 def test_report_and_export_of_a_kuberay_run_do_not_crash(env: dict[str, str], api_server: FakeApiServer,
                                                          tmp_path: Path):
     api_server.scripts["rep-1"] = [Attempt("SUCCEEDED", ["done"])]
-    assert submit(env, "rep-1").returncode == 0
+    assert submit(env, "rep-1", "--no-sidecar").returncode == 0
     report = launcher(env, "report", "rep-1", "--out", str(tmp_path / "r.html"))
     assert report.returncode == 0, report.stderr
     exported = launcher(env, "export", "rep-1", "--out", str(tmp_path / "r.om"))
-    assert exported.returncode == 2  # KubeRay runs are not recorded here: said in one line, not a traceback
+    assert exported.returncode == 2  # no sidecar, nothing recorded: said in one line, not a traceback
     assert "has no recording" in exported.stderr
     assert "KubeRay" in exported.stderr
     assert exported.stderr.count("\n") == 1

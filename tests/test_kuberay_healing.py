@@ -117,7 +117,7 @@ def applied_rayjobs(api_server: FakeApiServer) -> list[dict]:
 
 
 def test_a_hang_is_seen_through_the_pod_proxy_and_the_run_resumes_as_attempt_2(
-        env: dict[str, str], api_server: FakeApiServer, exporters: dict[str, ExporterLike]):
+        env: dict[str, str], api_server: FakeApiServer, exporters: dict[str, ExporterLike], tmp_path: Path):
     api_server.scripts["hang-1"] = [Attempt("HOLD", ["step 41"]), Attempt("SUCCEEDED", ["resumed"])]
     process = start(env, "hang-1", "--max-retries", "1", "--retry-backoff", "0", "--active-deadline-seconds", "3600",
                     *HEALTH)
@@ -144,6 +144,14 @@ def test_a_hang_is_seen_through_the_pod_proxy_and_the_run_resumes_as_attempt_2(
     assert (first["spec"]["backoffLimit"], second["spec"]["backoffLimit"]) == (1, 0)  # one budget: max_retries 1
     assert first["spec"]["activeDeadlineSeconds"] == 3600
     assert second["spec"]["activeDeadlineSeconds"] < 3600  # what is left of it: KubeRay counts from the RayJob's start
+    # Recorded through the same proxy, labelled as the run's PodMonitor labels it: `launcher export` has it.
+    exported = launcher(env, "export", "hang-1", "--out", str(tmp_path / "hang-1.om"))
+    assert exported.returncode == 0, exported.stderr
+    steps = [line for line in (tmp_path / "hang-1.om").read_text().splitlines()
+             if line.startswith("raypulse_train_step{")]
+    assert steps
+    assert all('node="node-a"' in line and f'namespace="{NAMESPACE}"' in line and 'cluster="hang-1-raycluster-' in line
+               for line in steps)
 
 
 @pytest.mark.parametrize("cordon", [True, False])

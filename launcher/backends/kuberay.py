@@ -25,26 +25,39 @@ from launcher.tracing import RunTrace, traces_url
 if TYPE_CHECKING:
     from launcher.display import Reporter
     from launcher.healing import Healing
+    from launcher.recording import Recorder
     from launcher.spec import JobSpec
 
 
-def _healing(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str,
-             cluster: Callable[[], str | None]) -> Healing | None:
-    """The run's health watcher on KubeRay: the sidecars of the current RayCluster's pods, read through the
-    API server (launcher/backends/kuberay_heal.py); a faulty GPU's node cordoned with health.cordon_nodes.
-    None without sidecars (nothing to read) or with health off."""
-    if not spec.health.enabled or not spec.sidecar:
-        return None
+def _watched(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str,
+             cluster: Callable[[], str | None]) -> tuple[Healing | None, Recorder | None]:
+    """The run's health watcher and recording on KubeRay, both reading the sidecars of the current
+    RayCluster's pods through the API server (launcher/backends/kuberay_heal.py); a faulty GPU's node
+    cordoned with health.cordon_nodes. Neither without sidecars (nothing to read); no watcher with health
+    off; no recording with `record: off` or the user's Prometheus (`prometheus:`: reports read it there)."""
+    if not spec.sidecar:
+        return None, None
     from kubernetes import client
 
-    from launcher.backends.kuberay_heal import NodeCordon, ray_pod_targets
+    from launcher import recording
+    from launcher.backends.kuberay_heal import NodeCordon, ray_pod_targets, scrape_targets
     from launcher.healing import Healing
 
     core = client.CoreV1Api(access.api_client)
     targets = ray_pod_targets(core, namespace, cluster, spec.exporter_port, https=bool(spec.exporter_web_config_secret))
-    remedy = NodeCordon(core, spec.run_id or "") if spec.health.cordon_nodes else None
-    return Healing(spec.health, journal, targets, remedy, blind_hint=(
-        "no running Ray pod of the RayJob's cluster on a node, or no `list pods` for the launcher's account"))
+    healing = None
+    if spec.health.enabled:
+        remedy = NodeCordon(core, spec.run_id or "") if spec.health.cordon_nodes else None
+        healing = Healing(spec.health, journal, targets, remedy, blind_hint=(
+            "no running Ray pod of the RayJob's cluster on a node, or no `list pods` for the launcher's account"))
+    recorder = None
+    if spec.record != "off" and not spec.prometheus:
+        record = journal.record
+        assert record is not None
+        recorder = recording.start(record.directory, scrape_targets(targets, namespace, cluster),
+                                   interval=spec.record_interval, meta={"run_id": record.run_id},
+                                   notify=lambda kind, details: journal.emit(kind, **details))
+    return healing, recorder
 
 
 class KubeRayBackend(KubeRayKind):
@@ -86,11 +99,15 @@ class KubeRayBackend(KubeRayKind):
             journal.emit("run.detached", attempt=None, submission_id=name)
             release_supervision(name)  # `status` and `stop` read and stop it from here on
             return record
+        recorder = None
         try:
             follower = kuberay_follow.RayJobFollower(applied, access, journal, cancel, spec=spec)
-            follower.healing = _healing(spec, journal, access, namespace, lambda: follower.cluster_name)
+            follower.healing, recorder = _watched(spec, journal, access, namespace, lambda: follower.cluster_name)
+            follower.recorder = recorder
             return follower.follow()
         finally:
+            if recorder is not None:
+                recorder.stop()
             journal.close(record.state)
             run_trace.finish(record.state, record.reason, {"raypulse.exit_code": record.exit_code,
                                                            "raypulse.attempts": len(record.attempts)})

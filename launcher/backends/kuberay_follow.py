@@ -37,7 +37,7 @@ from launcher.errors import BadInput
 from launcher.journal import Journal
 from launcher.kubeaccess import KubeAccess, api_error, kube_api
 from launcher.kuberay import KUEUE_QUEUE_LABEL
-from launcher.run import failures_in_a_row, finish_run, retry_delay
+from launcher.run import Rounds, failures_in_a_row, finish_run, retry_delay
 from launcher.state import RunRecord, stop_requested, write_private
 
 if TYPE_CHECKING:
@@ -123,6 +123,7 @@ class RayJobFollower:
 
         self.access, self.journal, self.cancel = access, journal, cancel
         self.healing, self.spec = healing, spec  # with a health policy: the spec to apply again after a fault
+        self.recorder: Rounds | None = None  # the run's recording: a round as each attempt starts and ends
         self.cluster_name: str | None = None  # the current attempt's RayCluster (status.rayClusterName)
         self._generation = 0  # the RayJob applied last; a watch of an earlier one is dropped
         self.namespace = applied.namespace
@@ -298,12 +299,16 @@ class RayJobFollower:
         attempt.log.start()
         if self.healing is not None:
             self.healing.watch(number, job_id)
+        if self.recorder is not None:
+            self.recorder.record_soon()
         return attempt
 
     def _attempt_ended(self, attempt: _Attempt, status: str, message: str | None, state: str | None = None) -> None:
         attempt.ended = True
         if self.healing is not None:
             self.healing.pause()  # no checks of an attempt that is over
+        if self.recorder is not None:
+            self.recorder.record_once()  # its last values, while its pods may still answer
         if attempt.log is not None:
             attempt.log.done.wait(LOG_JOIN_S)
             write_private(self.record.attempt_log(attempt.number), "".join(attempt.log.text))

@@ -18,10 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from alerts.config import DEFAULT as ALERTS_CONFIG
 from exporter.contract import wire
 from launcher.health.exporters import Target, TargetSource
 from launcher.health.faults import Fault
 from launcher.health.kubeproxy import pod_target
+from launcher.recording import ScrapeTarget, SdSource
 from launcher.state import RunRecord
 
 RAY_CLUSTER_LABEL = "ray.io/cluster"  # KubeRay's label on every pod of a RayCluster
@@ -65,6 +67,20 @@ def _running_pods(core: Any, namespace: str, selector: str) -> list[tuple[str, s
         if name and node and phase not in ("Succeeded", "Failed"):
             found.append((name, node))
     return found
+
+
+def scrape_targets(targets: TargetSource, namespace: str, cluster: Callable[[], str | None]) -> SdSource:
+    """The same sidecars as the recorder's targets, labelled as the run's PodMonitor labels them (the
+    cluster from the RayCluster's name, the node from the pod's), each read through the API server."""
+
+    def listed() -> list[ScrapeTarget]:
+        name = cluster() or ""
+        return [ScrapeTarget(target.pod or target.node, {
+            "cluster": name, "namespace": namespace, "node": target.node, "pod": target.pod or "",
+            wire.SD_JOB_LABEL: ALERTS_CONFIG.scrape_job, "instance": target.pod or target.node}, reader=target.reader)
+            for target in targets()]
+
+    return listed
 
 
 class NodeCordon:
