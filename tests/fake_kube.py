@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import secrets
 import ssl
 import threading
@@ -76,6 +77,17 @@ def kubeconfig(path: Path, *, server: str, ca_file: Path | None, context: str, n
         config["current-context"] = current
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def launcher_env(home: Path, ca: trustme.CA, server: FakeApiServer, namespace: str) -> dict[str, str]:
+    """The environment of a launcher that talks to `server`: a kubeconfig whose current context is in
+    `namespace`, trusting `ca`, under `home` (also RAYPULSE_HOME's parent); no in-cluster variables."""
+    ca_file = home / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    config = kubeconfig(home / "config", server=server.url, ca_file=ca_file, context="team", namespace=namespace,
+                        current="team")
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("KUBERNETES_")}
+    return {**clean, "KUBECONFIG": str(config), "RAYPULSE_HOME": str(home / "home")}
 
 
 def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ Kueue); `status` and `list` know the run."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 import trustme
 
 from tests.conftest import REPO, wait_until
-from tests.fake_kube import VALIDATION_FAILED, Attempt, FakeApiServer, kubeconfig
+from tests.fake_kube import VALIDATION_FAILED, Attempt, FakeApiServer, launcher_env
 
 pytest.importorskip("kubernetes")
 
@@ -39,12 +38,7 @@ def api_server(ca: trustme.CA) -> Iterator[FakeApiServer]:
 
 @pytest.fixture
 def env(tmp_path: Path, ca: trustme.CA, api_server: FakeApiServer) -> dict[str, str]:
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
-    config = kubeconfig(tmp_path / "config", server=api_server.url, ca_file=ca_file, context="team",
-                        namespace=NAMESPACE, current="team")
-    clean = {key: value for key, value in os.environ.items() if not key.startswith("KUBERNETES_")}
-    return {**clean, "KUBECONFIG": str(config), "RAYPULSE_HOME": str(tmp_path / "home")}
+    return launcher_env(tmp_path, ca, api_server, NAMESPACE)
 
 
 def launcher(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

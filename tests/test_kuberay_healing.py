@@ -11,7 +11,6 @@ proxy forwarding to a real HTTP server per node) through the real kubernetes cli
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from exporter.contract import wire
 from scripts.ports import free_port
 from tests.broken_exporters import ExporterLike, RawServer, cut_short, gzip_bomb
 from tests.conftest import REPO, wait_until
-from tests.fake_kube import Attempt, FakeApiServer, kubeconfig
+from tests.fake_kube import Attempt, FakeApiServer, launcher_env
 
 pytest.importorskip("kubernetes")
 
@@ -54,18 +53,11 @@ def api_server(ca: trustme.CA, exporters: dict[str, ExporterLike]) -> Iterator[F
         yield server
 
 
-def _env(tmp_path: Path, ca: trustme.CA, api_server: FakeApiServer) -> dict[str, str]:
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
-    config = kubeconfig(tmp_path / "config", server=api_server.url, ca_file=ca_file, context="team",
-                        namespace=NAMESPACE, current="team")
-    clean = {key: value for key, value in os.environ.items() if not key.startswith("KUBERNETES_")}
-    return {**clean, "KUBECONFIG": str(config), "RAYPULSE_HOME": str(tmp_path / "home")}
 
 
 @pytest.fixture
 def env(tmp_path: Path, ca: trustme.CA, api_server: FakeApiServer) -> dict[str, str]:
-    return _env(tmp_path, ca, api_server)
+    return launcher_env(tmp_path, ca, api_server, NAMESPACE)
 
 
 def launcher(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -189,7 +181,7 @@ def test_a_gpu_faults_node_is_cordoned_only_when_asked(env: dict[str, str], api_
 def test_an_exporter_the_proxy_cannot_reach_is_an_event_never_a_restart(tmp_path: Path, ca: trustme.CA):
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens: the API server answers 503
     with FakeApiServer(ca, watch_close_s=0.3, nodes={"node-a": closed}) as api_server:
-        env = _env(tmp_path, ca, api_server)
+        env = launcher_env(tmp_path, ca, api_server, NAMESPACE)
         api_server.scripts["dark-1"] = [Attempt("HOLD", ["working"])]
         process = start(env, "dark-1", "--max-retries", "1", *HEALTH)
         try:
@@ -242,7 +234,7 @@ def test_a_read_through_the_proxy_keeps_the_readers_bounds(tmp_path: Path, ca: t
 
     with RawServer(answer) as hostile, \
             FakeApiServer(ca, watch_close_s=0.3, nodes={"node-a": hostile.url}) as api_server:
-        for key, value in _env(tmp_path, ca, api_server).items():
+        for key, value in launcher_env(tmp_path, ca, api_server, NAMESPACE).items():
             monkeypatch.setenv(key, value)
         access = kube_api()
         api_server.scripts["bad-1"] = [Attempt("HOLD", ["working"])]
