@@ -34,11 +34,11 @@ system-deps:
 demo: install system-deps
 	flock /tmp/raypulse-ray.lock $(PY) -m scripts.demo $(ARGS)
 
-# The heavy tests (markers ray, slow) one after another, the rest beside them (scripts/test_lanes.py).
+# The heavy tests (markers ray, alone) one after another, the rest beside them (scripts/test_lanes.py).
 test: install system-deps lint
 	$(PY) -m scripts.test_lanes
 
-# The quick lane (about 3 minutes on 2 cores): everything but the tests that start Ray or a whole Prometheus
+# The quick lane (about 4 minutes on 2 cores): everything but the tests that start Ray or a whole Prometheus
 # stack, on two workers (a file's tests on one).
 test-quick: install system-deps lint
 	$(PY) -m pytest -n 2 --dist loadfile -m "not ray and not slow"

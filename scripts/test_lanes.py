@@ -1,7 +1,8 @@
-"""`make test`: the suite as two pytest sessions side by side. The heavy lane (tests marked `ray` or
-`slow`: a Ray cluster or a whole Prometheus stack, one at a time on this machine) runs one test after
-another and prints as it goes; the light lane (everything else) runs beside it, its output saved and
-printed once it ends. The exit status is the heavy lane's, or the light lane's when only that failed.
+"""`make test`: the suite as two pytest sessions side by side. The heavy lane (tests marked `ray`, which
+start a Ray cluster: one at a time on this machine; and `alone`, a soak that measures under its own
+load) runs one test after another and prints as it goes; the light lane (everything else, the `slow`
+Prometheus stacks included) runs beside it, its output saved and printed once it ends. The exit status
+is the heavy lane's, or the light lane's when only that failed.
 
 pytest-xdist's `--dist loadgroup` would do this in one session, but its groups do not reach the test
 ids under pytest 9.2 (it sets a private attribute pytest no longer reads), so the groups mix and two
@@ -12,12 +13,14 @@ Ray clusters run at once.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-HEAVY = "ray or slow"
+HEAVY = "ray or alone"
+LIGHT_NICENESS = 10
 NO_TESTS = 5  # pytest's exit status when a lane's selection is empty (a path with only light tests)
 
 
@@ -30,7 +33,9 @@ def main(args: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="raypulse-lanes-") as temp:
         log = Path(temp) / "light.log"
         with log.open("wb") as out:
-            light = pytest(f"not ({HEAVY})", args, ".pytest_cache/light", stdout=out, stderr=subprocess.STDOUT)
+            # Niced: a Ray test waits on its cluster's processes, which come first; the light lane takes the rest.
+            light = pytest(f"not ({HEAVY})", args, ".pytest_cache/light", stdout=out, stderr=subprocess.STDOUT,
+                           preexec_fn=lambda: os.nice(LIGHT_NICENESS))
             try:
                 heavy = pytest(HEAVY, args, ".pytest_cache/heavy").wait()
                 light_status = light.wait()
