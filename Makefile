@@ -34,7 +34,7 @@ system-deps:
 demo: install system-deps
 	flock /tmp/raypulse-ray.lock $(PY) -m scripts.demo $(ARGS)
 
-# The heavy tests (markers ray, alone) one after another, the rest beside them (scripts/test_lanes.py).
+# The heavy tests (markers ray, slow) one after another, the rest beside them (scripts/test_lanes.py).
 test: install system-deps lint
 	$(PY) -m scripts.test_lanes
 

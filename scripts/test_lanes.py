@@ -1,8 +1,9 @@
-"""`make test`: the suite as two pytest sessions side by side. The heavy lane (tests marked `ray`, which
-start a Ray cluster: one at a time on this machine; and `alone`, a soak that measures under its own
-load) runs one test after another and prints as it goes; the light lane (everything else, the `slow`
-Prometheus stacks included) runs beside it, its output saved and printed once it ends. The exit status
-is the heavy lane's, or the light lane's when only that failed.
+"""`make test`: the suite as two pytest sessions side by side. The heavy lane (tests marked `ray` or
+`slow`: a Ray cluster or a whole Prometheus stack, one at a time on this machine) runs one test after
+another and prints as it goes; the light lane (everything else) runs beside it, niced, its output saved
+and printed once it ends. The exit status is the heavy lane's, or the light lane's when only that failed.
+The `slow` tests stay in the heavy lane: several start an exporter that finds the heavy lane's Ray
+cluster on this machine and reads it (tried: four of them failed beside it).
 
 pytest-xdist's `--dist loadgroup` would do this in one session, but its groups do not reach the test
 ids under pytest 9.2 (it sets a private attribute pytest no longer reads), so the groups mix and two
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HEAVY = "ray or alone"
+HEAVY = "ray or slow"
 LIGHT_NICENESS = 10
 NO_TESTS = 5  # pytest's exit status when a lane's selection is empty (a path with only light tests)
 

@@ -35,6 +35,7 @@ from alerts import prometheus
 from dashboards import livecheck
 from exporter.contract import node_exporter, wire
 from exporter.gpusim import control
+from scripts.ports import free_port_range
 from tests.conftest import REPO, exporter_command, free_port, http_get, wait_until
 from tests.otlp_receiver import OtlpReceiver
 from tests.ray_testcluster import FAST, start_prometheus, stop_process
@@ -218,6 +219,7 @@ def scenario() -> Iterator[Scenario]:
             rtx, rtx_port, _ = extra_exporter(base, "rtx", "RTX6000ADA", "--otlp-endpoint", receiver.url,
                                               env={"RAYPULSE_EXPORTER_OTLP__INTERVAL_SECONDS": "2"})
             started += [v100, rtx]
+            base_port = free_port_range(6)  # three nodes at base + 2i, below the ephemeral ports clients get
             handle = launcher.submit({
                 "name": "dash-live", "entrypoint": f"python job.py {stop_file}", "working_dir": str(work),
                 "worker_groups": [{"name": "gpu", "count": 1, "cpus": 2, "gpus": 3},
@@ -226,7 +228,7 @@ def scenario() -> Iterator[Scenario]:
                 # The NaN heals; the staged GPU faults and the killed spare node are only reported.
                 "health": {"check_interval_seconds": 1, "on_gpu_fault": "report", "on_node_lost": "report",
                            "on_hang": "report"},
-                "labels": {"team": "ml"}, "exporter_port": free_port(), "progress_port": free_port(),
+                "labels": {"team": "ml"}, "exporter_port": base_port, "progress_port": base_port + 1,
             })
             supervisor = threading.Thread(target=handle.wait, daemon=True)  # runs the retry
             supervisor.start()

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from scripts.ports import free_port
 from tests.conftest import RunningExporter, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]  # it measures: the machine to itself in `make test`
+pytestmark = pytest.mark.slow
 
 SOAK_SECONDS = 40.0
 WARM_UP_SECONDS = 10.0  # of load, before the RSS the growth is measured from
