@@ -298,6 +298,18 @@ class Healing:
         self.watcher.retire(fault.node)
         return True
 
+    def end_instead(self, fault: Fault, retries_left: bool, max_retries: int) -> tuple[str, str] | None:
+        """Why the run ends at this fault rather than restart (its final state and reason): the policy
+        says stop, no retries are left, or the same fault came twice with no progress. None: restart."""
+        if self.policy.action(fault.kind) == "stop":
+            return "UNHEALTHY", f"{fault.summary}; health.on_{fault.kind.value} is stop"
+        if not retries_left:
+            return "UNHEALTHY", f"{fault.summary}; no retries left (max_retries {max_retries})"
+        repeated = self.repeated(fault, None)
+        if repeated:
+            return "REPEATED_FAILURE", f"{repeated}: retrying would not help"
+        return None
+
     def repeated(self, fault: Fault | None, failed: AttemptRecord | None) -> str | None:
         """Why retrying would not help: the same fault (or the same failure) twice in a row, with no
         progress in between. None when it might."""

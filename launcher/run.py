@@ -139,6 +139,15 @@ def failures_in_a_row(before: int, ended: AttemptRecord | None) -> int:
     return 1 if made_progress else before + 1
 
 
+def failures_so_far(record: RunRecord) -> int:
+    """failures_in_a_row over the run's attempts that have ended, in order."""
+    streak = 0
+    for ended in sorted(record.attempts, key=lambda item: item.attempt):
+        if ended.ended_at is not None:
+            streak = failures_in_a_row(streak, ended)
+    return streak
+
+
 def update_attempt(record: RunRecord, attempt: int, details: Any) -> AttemptRecord:
     """Copy what Ray says about an attempt (its JobDetails) into the run record."""
     item = record.attempt(attempt)
@@ -248,9 +257,7 @@ class Run:
         attempt, details = latest
         self.current = attempt
         # A take-over keeps the streak of attempts that ended without progress (the next backoff's length).
-        for ended in sorted(self.record.attempts, key=lambda item: item.attempt):
-            if ended.ended_at is not None:
-                self._failures_in_a_row = failures_in_a_row(self._failures_in_a_row, ended)
+        self._failures_in_a_row = failures_so_far(self.record)
         status = details.status.value
         self.journal.emit("attempt.found", attempt=attempt, submission_id=self.submission_id(attempt), status=status)
         if status not in TERMINAL:
@@ -363,16 +370,8 @@ class Run:
     def _heal(self, fault: Fault, retries_left: bool) -> RunRecord | None:
         """Act on a fault between attempts; the final record when the run ends here, None to retry."""
         assert self.healing is not None
-        action = self.healing.policy.action(fault.kind)
-        if action == "stop":
-            return self._finish("UNHEALTHY", f"{fault.summary}; health.on_{fault.kind.value} is stop")
-        if not retries_left:
-            return self._finish("UNHEALTHY", f"{fault.summary}; no retries left (max_retries "
-                                             f"{self.spec.max_retries})")
-        repeated = self.healing.repeated(fault, None)
-        if repeated:
-            return self._finish("REPEATED_FAILURE", f"{repeated}: retrying would not help")
-        return None
+        ending = self.healing.end_instead(fault, retries_left, self.spec.max_retries)
+        return self._finish(*ending) if ending is not None else None
 
     def _sleep(self, seconds: float) -> str | None:
         """Sleep unless stopped or past the active deadline; returns the final state that cut it short."""

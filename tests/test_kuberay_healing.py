@@ -53,8 +53,6 @@ def api_server(ca: trustme.CA, exporters: dict[str, ExporterLike]) -> Iterator[F
         yield server
 
 
-
-
 @pytest.fixture
 def env(tmp_path: Path, ca: trustme.CA, api_server: FakeApiServer) -> dict[str, str]:
     return launcher_env(tmp_path, ca, api_server, NAMESPACE)

@@ -37,7 +37,7 @@ from launcher.errors import BadInput
 from launcher.journal import Journal
 from launcher.kubeaccess import KubeAccess, api_error, kube_api
 from launcher.kuberay import KUEUE_QUEUE_LABEL
-from launcher.run import Rounds, failures_in_a_row, finish_run, retry_delay
+from launcher.run import Rounds, failures_so_far, finish_run, retry_delay
 from launcher.state import RunRecord, stop_requested, write_private
 
 if TYPE_CHECKING:
@@ -359,20 +359,12 @@ class RayJobFollower:
                              f"{GONE_WAIT_S:.0f}s")
         if self._stop_asked():
             return self._end("STOPPED", "stopped while the attempt was being restarted (the RayJob is deleted)")
-        policy, spec = self.healing.policy, self.spec
-        if policy.action(fault.kind) == "stop":
-            return self._end("UNHEALTHY", f"{fault.summary}; health.on_{fault.kind.value} is stop")
-        if current.number >= spec.max_attempts:
-            return self._end("UNHEALTHY", f"{fault.summary}; no retries left (max_retries {spec.max_retries})")
-        repeated = self.healing.repeated(fault, None)
-        if repeated:
-            return self._end("REPEATED_FAILURE", f"{repeated}: retrying would not help")
+        spec = self.spec
+        ending = self.healing.end_instead(fault, current.number < spec.max_attempts, spec.max_retries)
+        if ending is not None:
+            return self._end(*ending)
         node_out = self._keep_out(fault)
-        streak = 0
-        for item in sorted(self.record.attempts, key=lambda entry: entry.attempt):
-            if item.ended_at is not None:
-                streak = failures_in_a_row(streak, item)
-        delay = retry_delay(spec, streak, node_out)
+        delay = retry_delay(spec, failures_so_far(self.record), node_out)
         self.journal.emit("retry.scheduled", attempt=current.number, delay=delay, cause=fault.kind.value)
         if self._stopped_within(delay):
             return self._end("STOPPED", "stopped during the backoff before a retry (the RayJob is deleted)")
