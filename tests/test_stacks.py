@@ -4,6 +4,7 @@ or split out of py-spy's dump of the supervisor with its subprocesses on a remot
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,10 @@ from launcher.raydash import RayDashboard
 from tests.conftest import wait_until
 
 PY_SPY = Path(sys.executable).with_name("py-spy")
-RANK = "import time\ndef all_reduce():\n    time.sleep(600)\nall_reduce()\n"
+# A rank says it is ready (a directory named after its pid) on the line where it then sleeps, so once both
+# are ready both stacks are in all_reduce at line 3, however slowly the interpreters started.
+RANK = ("import os, time\ndef all_reduce():\n"
+        "    os.mkdir(os.environ[\"RANKS_READY\"] + \"/\" + str(os.getpid())); time.sleep(600)\nall_reduce()\n")
 # A stand-in for Ray's job supervisor: it runs the entrypoint through a shell, which starts two ranks,
 # as `torchrun --nproc_per_node=2 train.py` would.
 SUPERVISOR = textwrap.dedent(f"""
@@ -30,12 +34,13 @@ SUPERVISOR = textwrap.dedent(f"""
 
 
 @pytest.fixture
-def supervisor() -> Iterator[psutil.Process]:
-    process = subprocess.Popen([sys.executable, "-c", SUPERVISOR])
+def supervisor(tmp_path: Path) -> Iterator[psutil.Process]:
+    ready = tmp_path / "ranks-ready"
+    ready.mkdir()
+    process = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env={**os.environ, "RANKS_READY": str(ready)})
     parent = psutil.Process(process.pid)
     try:
-        wait_until(lambda: len([c for c in parent.children(recursive=True) if c.name().startswith("python")]) == 2,
-                   20, "the two ranks")
+        wait_until(lambda: len(list(ready.iterdir())) == 2, 60, "the two ranks in all_reduce")
         yield parent
     finally:
         for child in parent.children(recursive=True):
