@@ -1,9 +1,13 @@
-"""`make test`: the suite as two pytest sessions side by side. The heavy lane (tests marked `ray` or
-`slow`: a Ray cluster or a whole Prometheus stack, one at a time on this machine) runs one test after
-another and prints as it goes; the light lane (everything else) runs beside it, niced, its output saved
-and printed once it ends. The exit status is the heavy lane's, or the light lane's when only that failed.
-The `slow` tests stay in the heavy lane: several start an exporter that finds the heavy lane's Ray
-cluster on this machine and reads it (tried: four of them failed beside it).
+"""`make test`: the suite as two pytest sessions side by side. The heavy lane (tests marked `ray`, which
+start a Ray cluster, one at a time on this machine, and `online`, which need the package registries) runs
+one test after another and prints as it goes; the light lane (everything else) runs beside it, niced, its
+output saved and printed once it ends. The exit status is the heavy lane's, or the light lane's when only
+that failed.
+
+The light lane runs in namespaces of its own (PID, mount, network) where this machine allows them (root):
+an exporter started by a light test finds Ray clusters through /proc, /tmp/ray and 127.0.0.1:8265, and
+without them it found the heavy lane's cluster and read it (four tests failed that way; one lost its
+port to the heavy lane). Elsewhere the light lane shares the machine, and says so.
 
 pytest-xdist's `--dist loadgroup` would do this in one session, but its groups do not reach the test
 ids under pytest 9.2 (it sets a private attribute pytest no longer reads), so the groups mix and two
@@ -20,25 +24,64 @@ import sys
 import tempfile
 from pathlib import Path
 
-HEAVY = "ray or slow"
+HEAVY = "ray or online"
 LIGHT_NICENESS = 10
 NO_TESTS = 5  # pytest's exit status when a lane's selection is empty (a path with only light tests)
+# --kill-child: the namespace's first process, and so all of it, goes when this process does.
+NAMESPACES = ["unshare", "--pid", "--fork", "--mount-proc", "--net", "--kill-child"]
+RAY_TEMP = Path("/tmp/ray")  # Ray's default temp dir: a session a light test must not find
+IN_NAMESPACES = "--in-namespaces"  # the first argument of this module as the namespaces' first process
 
 
-def pytest(marks: str, args: list[str], cache: str, **popen: object) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pytest", "-m", marks, "-o", f"cache_dir={cache}", *args],
-                            **popen)  # type: ignore[call-overload]
+def pytest_command(marks: str, args: list[str], cache: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-m", marks, "-o", f"cache_dir={cache}", *args]
+
+
+def prepare_namespaces() -> None:
+    """Inside the fresh namespaces: loopback up (a new network namespace has it down) and an empty,
+    private Ray temp dir."""
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, capture_output=True, timeout=30)
+    RAY_TEMP.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "raypulse-light-lane", str(RAY_TEMP)], check=True,
+                   capture_output=True, timeout=30)
+
+
+def first_process(command: list[str]) -> int:
+    """PID 1 of the light lane: run `command` and reap every process orphaned to it until it ends (a
+    test's leftovers would otherwise stay zombies); its exit status is the command's."""
+    prepare_namespaces()
+    child = subprocess.Popen(command)
+    while True:
+        pid, status = os.wait()
+        if pid == child.pid:
+            return os.waitstatus_to_exitcode(status)
+
+
+def namespaces() -> tuple[list[str], str]:
+    """The prefix that puts the light lane in namespaces of its own, or none and why not."""
+    try:
+        probe = subprocess.run([*NAMESPACES, sys.executable, "-c", "from scripts.test_lanes import prepare_namespaces;"
+                                " prepare_namespaces()"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return [], str(error)
+    if probe.returncode != 0:
+        return [], (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+    return [*NAMESPACES, sys.executable, "-m", "scripts.test_lanes", IN_NAMESPACES], ""
 
 
 def main(args: list[str]) -> int:
+    prefix, why_not = namespaces()
+    if why_not:
+        print(f"test lanes: the light lane shares this machine's processes and network ({why_not}); an "
+              "exporter it starts may find the heavy lane's Ray cluster", flush=True)
     with tempfile.TemporaryDirectory(prefix="raypulse-lanes-") as temp:
         log = Path(temp) / "light.log"
         with log.open("wb") as out:
             # Niced: a Ray test waits on its cluster's processes, which come first; the light lane takes the rest.
-            light = pytest(f"not ({HEAVY})", args, ".pytest_cache/light", stdout=out, stderr=subprocess.STDOUT,
-                           preexec_fn=lambda: os.nice(LIGHT_NICENESS))
+            light = subprocess.Popen([*prefix, *pytest_command(f"not ({HEAVY})", args, ".pytest_cache/light")],
+                                     stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(LIGHT_NICENESS))
             try:
-                heavy = pytest(HEAVY, args, ".pytest_cache/heavy").wait()
+                heavy = subprocess.Popen(pytest_command(HEAVY, args, ".pytest_cache/heavy")).wait()
                 light_status = light.wait()
             finally:
                 if light.poll() is None:
@@ -51,4 +94,6 @@ def main(args: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == [IN_NAMESPACES]:
+        sys.exit(first_process(sys.argv[2:]))
     sys.exit(main(sys.argv[1:]))

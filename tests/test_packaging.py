@@ -197,6 +197,7 @@ def _image_step(args: str, python: Path) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.online  # pip downloads what is not in its cache
 def test_the_image_install_steps_give_a_working_exporter_without_ray(tmp_path):
     build, final = stages()
     context, wheels, env_dir = tmp_path / "src", tmp_path / "wheels", tmp_path / "venv"

@@ -78,6 +78,7 @@ def test_check_jsonschema_refuses_a_broken_workflow(tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.online  # `python -m build` fetches its build backend
 def test_make_release_check_passes():
     """What `make release-check` runs: the build, `twine check`, the workflow schema and the names."""
     result = subprocess.run([sys.executable, "-m", "scripts.release_check"], cwd=REPO, capture_output=True,

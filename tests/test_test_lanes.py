@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.test_lanes import main
+from scripts.test_lanes import main, namespaces
 
 TESTS = """
 import pytest
@@ -30,3 +30,50 @@ def test_either_lane_failing_fails_the_run(tmp_path: Path, capfd: pytest.Capture
     out = capfd.readouterr().out
     light_lane = out[out.index("=== the light lane ==="):]
     assert ("1 passed" if light else "1 failed") in light_lane
+
+
+# The heavy test listens on a port and waits for the light test, which must not see it: neither its
+# process in /proc nor its port on loopback (and may take the same port itself).
+ISOLATED = """
+import os, socket, time
+from pathlib import Path
+import psutil, pytest
+
+SHARED = Path({shared!r})
+
+def wait_for(path):
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        assert time.monotonic() < deadline, path
+        time.sleep(0.05)
+
+@pytest.mark.ray
+def test_heavy():
+    server = socket.create_server(("127.0.0.1", 0))
+    (SHARED / "heavy").write_text(f"{{os.getpid()}} {{server.getsockname()[1]}}")
+    wait_for(SHARED / "light-done")
+
+def test_light():
+    wait_for(SHARED / "heavy")
+    pid, port = (SHARED / "heavy").read_text().split()
+    try:
+        heavy_lane = [p for p in psutil.process_iter(["cmdline"]) if "ray or online" in (p.info["cmdline"] or [])]
+        assert heavy_lane == []
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", int(port)), timeout=5)
+        socket.create_server(("127.0.0.1", int(port))).close()
+        assert list(Path("/tmp/ray").iterdir()) == []
+    finally:
+        (SHARED / "light-done").write_text("")
+"""
+
+
+@pytest.mark.skipif(bool(namespaces()[1]), reason="this machine gives the light lane no namespaces (not root)")
+def test_the_light_lane_sees_neither_the_heavy_lanes_processes_nor_its_ports(tmp_path: Path,
+                                                                            capfd: pytest.CaptureFixture[str]):
+    tests = tmp_path / "test_lanes_isolated.py"
+    tests.write_text(ISOLATED.format(shared=str(tmp_path)))
+    status = main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tests)])
+    out = capfd.readouterr().out
+    assert status == 0, out
+    assert "shares this machine" not in out
