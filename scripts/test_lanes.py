@@ -38,12 +38,25 @@ def pytest_command(marks: str, args: list[str], cache: str) -> list[str]:
 
 
 def prepare_namespaces() -> None:
-    """Inside the fresh namespaces: loopback up (a new network namespace has it down) and an empty,
-    private Ray temp dir."""
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, capture_output=True, timeout=30)
+    """Inside the fresh namespaces, a node as the tests expect one: loopback up (a new network namespace
+    has it down), an interface beside it (a veth pair: no dummy module here), /sys/class/net naming this
+    namespace's interfaces (sysfs shows the ones of the namespace that mounted it), and an empty, private
+    Ray temp dir."""
+    for command in (["ip", "link", "set", "lo", "up"], ["ip", "link", "add", "eth0", "type", "veth", "peer", "eth1"],
+                    ["ip", "link", "set", "eth0", "up"], ["ip", "link", "set", "eth1", "up"]):
+        run(command)
+    sysfs = Path(tempfile.mkdtemp(prefix="raypulse-lane-sysfs-"))
+    run(["mount", "-t", "sysfs", "sysfs", str(sysfs)])
+    for net in ("class/net", "devices/virtual/net"):  # only these: /sys/fs/cgroup stays the machine's
+        run(["mount", "--bind", str(sysfs / net), f"/sys/{net}"])
+    run(["umount", "--lazy", str(sysfs)])
+    sysfs.rmdir()
     RAY_TEMP.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "raypulse-light-lane", str(RAY_TEMP)], check=True,
-                   capture_output=True, timeout=30)
+    run(["mount", "-t", "tmpfs", "raypulse-light-lane", str(RAY_TEMP)])
+
+
+def run(command: list[str]) -> None:
+    subprocess.run(command, check=True, capture_output=True, timeout=30)
 
 
 def first_process(command: list[str]) -> int:

@@ -63,6 +63,9 @@ def test_light():
             socket.create_connection(("127.0.0.1", int(port)), timeout=5)
         socket.create_server(("127.0.0.1", int(port))).close()
         assert list(Path("/tmp/ray").iterdir()) == []
+        # and yet a node's interfaces: one beside loopback, the same in procfs and sysfs
+        in_procfs = {{line.split(":")[0].strip() for line in Path("/proc/net/dev").read_text().splitlines()[2:]}}
+        assert in_procfs == set(os.listdir("/sys/class/net")) and len(in_procfs) > 1
     finally:
         (SHARED / "light-done").write_text("")
 """
