@@ -34,7 +34,8 @@ system-deps:
 demo: install system-deps
 	flock /tmp/raypulse-ray.lock $(PY) -m scripts.demo $(ARGS)
 
-# The heavy tests (markers ray, slow) one after another, the rest beside them (scripts/test_lanes.py).
+# The tests marked ray or online one after another, the rest beside them in namespaces of their own
+# (PID, mount, network: they never see the Ray clusters; scripts/test_lanes.py).
 test: install system-deps lint
 	$(PY) -m scripts.test_lanes
 

@@ -7,7 +7,8 @@ that failed.
 The light lane runs in namespaces of its own (PID, mount, network) where this machine allows them (root):
 an exporter started by a light test finds Ray clusters through /proc, /tmp/ray and 127.0.0.1:8265, and
 without them it found the heavy lane's cluster and read it (four tests failed that way; one lost its
-port to the heavy lane). Elsewhere the light lane shares the machine, and says so.
+port to the heavy lane). Elsewhere the light lane shares the machine, says so, and leaves the `slow` tests
+to the heavy lane.
 
 pytest-xdist's `--dist loadgroup` would do this in one session, but its groups do not reach the test
 ids under pytest 9.2 (it sets a private attribute pytest no longer reads), so the groups mix and two
@@ -25,6 +26,9 @@ import tempfile
 from pathlib import Path
 
 HEAVY = "ray or online"
+# Without namespaces the slow tests stay heavy too: several start an exporter that would find the heavy
+# lane's Ray cluster on this machine and read it (four failed that way beside it).
+HEAVY_SHARED = "ray or slow or online"
 LIGHT_NICENESS = 10
 NO_TESTS = 5  # pytest's exit status when a lane's selection is empty (a path with only light tests)
 # --kill-child: the namespace's first process, and so all of it, goes when this process does.
@@ -84,17 +88,18 @@ def namespaces() -> tuple[list[str], str]:
 
 def main(args: list[str]) -> int:
     prefix, why_not = namespaces()
+    heavy_marks = HEAVY_SHARED if why_not else HEAVY
     if why_not:
-        print(f"test lanes: the light lane shares this machine's processes and network ({why_not}); an "
-              "exporter it starts may find the heavy lane's Ray cluster", flush=True)
+        print(f"test lanes: the light lane shares this machine's processes and network ({why_not}); the slow "
+              "tests run in the heavy lane, and an exporter a light test starts may find its Ray cluster", flush=True)
     with tempfile.TemporaryDirectory(prefix="raypulse-lanes-") as temp:
         log = Path(temp) / "light.log"
         with log.open("wb") as out:
             # Niced: a Ray test waits on its cluster's processes, which come first; the light lane takes the rest.
-            light = subprocess.Popen([*prefix, *pytest_command(f"not ({HEAVY})", args, ".pytest_cache/light")],
+            light = subprocess.Popen([*prefix, *pytest_command(f"not ({heavy_marks})", args, ".pytest_cache/light")],
                                      stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(LIGHT_NICENESS))
             try:
-                heavy = subprocess.Popen(pytest_command(HEAVY, args, ".pytest_cache/heavy")).wait()
+                heavy = subprocess.Popen(pytest_command(heavy_marks, args, ".pytest_cache/heavy")).wait()
                 light_status = light.wait()
             finally:
                 if light.poll() is None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts import test_lanes
 from scripts.test_lanes import main, namespaces
 
 TESTS = """
@@ -80,3 +81,16 @@ def test_the_light_lane_sees_neither_the_heavy_lanes_processes_nor_its_ports(tmp
     out = capfd.readouterr().out
     assert status == 0, out
     assert "shares this machine" not in out
+
+
+def test_without_namespaces_the_slow_tests_stay_in_the_heavy_lane_and_it_is_said(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(test_lanes, "namespaces", lambda: ([], "unshare failed: Operation not permitted"))
+    tests = tmp_path / "test_lanes_slow.py"
+    tests.write_text("import pytest\n\n@pytest.mark.slow\ndef test_slow():\n    pass\n\ndef test_light():\n    pass\n")
+    assert main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tests)]) == 0
+    out = capfd.readouterr().out
+    heavy_lane, light_lane = out.split("=== the light lane ===")
+    assert "shares this machine's processes and network (unshare failed: Operation not permitted)" in heavy_lane
+    assert "1 passed, 1 deselected" in heavy_lane  # test_slow (with namespaces: no test, 2 deselected)
+    assert "1 passed, 1 deselected" in light_lane
