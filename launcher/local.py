@@ -248,6 +248,9 @@ class LocalCluster:
             "RAY_USAGE_STATS_ENABLED": "0",
             # Stacks of a hung job through the dashboard's py-spy endpoint (off by default in recent Ray).
             "RAY_DASHBOARD_ENABLE_PROFILING": "1",
+            # No drain on SIGTERM: the launcher stops a node only to be rid of it, with its jobs stopped first,
+            # and a detached actor (Ray Train leaves one) would hold the drain for the whole grace.
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
             # `python` in an entrypoint is this environment's Python, the one that has Ray.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             wire.ENV_CLUSTER_TAG: self.record.tag,

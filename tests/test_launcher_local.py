@@ -310,10 +310,25 @@ def test_python_api_submits_and_waits(home: Path, kept: dict, monkeypatch):
         launcher.submit({"entrypoint": "true", "cluster": "nope"})
 
 
+LEAVES_AN_ACTOR = """python -c 'import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init()
+@ray.remote(num_cpus=0)
+class Left:
+    def ready(self):
+        return True
+here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+ray.get(Left.options(name="left", lifetime="detached", scheduling_strategy=here).remote().ready.remote())'"""
+
+
 def test_down_stops_a_running_job_first_and_its_submit_exits_3(home: Path):
     exporter_port, progress_port = free_base(2)
     result = launcher("up", "--name", "busy", "--workers", "1", "--exporter-port", str(exporter_port),
                       "--progress-port", str(progress_port), home=home)
+    assert result.returncode == 0, result.stderr
+    # A detached actor left on the head, as Ray Train leaves its _AutoscalingCoordinatorActor: it keeps a
+    # lease, so a node that drains on SIGTERM (Ray's default) waits for it until it is killed.
+    result = launcher("submit", "--cluster", "busy", "--run-id", "leaves-an-actor", "--", LEAVES_AN_ACTOR, home=home)
     assert result.returncode == 0, result.stderr
     process = start_launcher("submit", "--cluster", "busy", "--run-id", "busy-1", "--max-retries", "2", "--",
                              "sleep 300", home=home)
