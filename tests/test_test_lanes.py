@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from scripts import test_lanes
-from scripts.test_lanes import main, namespaces
 
 TESTS = """
 import pytest
@@ -27,7 +26,7 @@ def test_either_lane_failing_fails_the_run(tmp_path: Path, capfd: pytest.Capture
                                            light: bool, status: int):
     tests = tmp_path / "test_lanes_sample.py"
     tests.write_text(TESTS.format(heavy=heavy, light=light))
-    assert main(["-q", "--rootdir", str(tmp_path), str(tests)]) == status
+    assert test_lanes.main(["-q", "--rootdir", str(tmp_path), str(tests)]) == status
     out = capfd.readouterr().out
     light_lane = out[out.index("=== the light lane ==="):]
     assert ("1 passed" if light else "1 failed") in light_lane
@@ -58,7 +57,7 @@ def test_light():
     wait_for(SHARED / "heavy")
     pid, port = (SHARED / "heavy").read_text().split()
     try:
-        heavy_lane = [p for p in psutil.process_iter(["cmdline"]) if "ray or online" in (p.info["cmdline"] or [])]
+        heavy_lane = [p for p in psutil.process_iter(["cmdline"]) if {heavy!r} in (p.info["cmdline"] or [])]
         assert heavy_lane == []
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", int(port)), timeout=5)
@@ -72,12 +71,12 @@ def test_light():
 """
 
 
-@pytest.mark.skipif(bool(namespaces()[1]), reason="this machine gives the light lane no namespaces (not root)")
+@pytest.mark.skipif(bool(test_lanes.namespaces()[1]), reason="no namespaces for the light lane here (not root)")
 def test_the_light_lane_sees_neither_the_heavy_lanes_processes_nor_its_ports(tmp_path: Path,
                                                                             capfd: pytest.CaptureFixture[str]):
     tests = tmp_path / "test_lanes_isolated.py"
-    tests.write_text(ISOLATED.format(shared=str(tmp_path)))
-    status = main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tests)])
+    tests.write_text(ISOLATED.format(shared=str(tmp_path), heavy=test_lanes.HEAVY))
+    status = test_lanes.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tests)])
     out = capfd.readouterr().out
     assert status == 0, out
     assert "shares this machine" not in out
@@ -88,7 +87,7 @@ def test_without_namespaces_the_slow_tests_stay_in_the_heavy_lane_and_it_is_said
     monkeypatch.setattr(test_lanes, "namespaces", lambda: ([], "unshare failed: Operation not permitted"))
     tests = tmp_path / "test_lanes_slow.py"
     tests.write_text("import pytest\n\n@pytest.mark.slow\ndef test_slow():\n    pass\n\ndef test_light():\n    pass\n")
-    assert main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tests)]) == 0
+    assert test_lanes.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tests)]) == 0
     out = capfd.readouterr().out
     heavy_lane, light_lane = out.split("=== the light lane ===")
     assert "shares this machine's processes and network (unshare failed: Operation not permitted)" in heavy_lane
