@@ -246,7 +246,7 @@ class JobSpec(_Strict):
     release: str | None = Field(None, description="kube-prometheus-stack's Helm release: the PodMonitor gets the "
                                 "`release` label its Prometheus selects on")
     exporter_image: str | None = Field(None, description="exporter sidecar image (default: the raypulse "
-                                        "exporter image of this version, exporter/manifests.py DEFAULT_IMAGE)")
+                                        "exporter image of this version, launcher/deploy/manifests.py DEFAULT_IMAGE)")
     exporter_web_config: Path | None = Field(None, description="web config file (TLS, basic auth; exporter-toolkit "
                                              "format) of the local cluster's exporters, checked before anything "
                                              "starts (docs/deploy.md)")

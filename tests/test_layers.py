@@ -3,6 +3,8 @@ functions): what may depend on what.
 
 - the exporter never imports the launcher or Ray (it talks to Ray over HTTP and keeps serving when
   Ray dies);
+- the exporter is the ground floor: it imports neither dashboards nor alerts (they read its catalog and
+  label contract; what carries all three, the Kubernetes deployment, is rendered by the launcher);
 - a collector imports neither the server nor another collector: what collectors share goes
   through exporter/shared.py;
 - exporter/config.py is a leaf: no collector, no simulator;
@@ -96,6 +98,8 @@ def violations(modules: dict[str, Path]) -> list[str]:
                 found.append(f"{where}: product code never imports the tests, drills or demo")
             if within(name, "exporter") and (top == "launcher" or (top == "ray" and name not in TRAINING_CLIENT)):
                 found.append(f"{where}: the exporter imports neither the launcher nor Ray")
+            if within(name, "exporter") and top in ("dashboards", "alerts"):
+                found.append(f"{where}: the exporter imports neither dashboards nor alerts (they are built on it)")
             if within(name, "launcher.health") and (within(target, "launcher.backends")
                                                     or within(target, "launcher.local")):
                 found.append(f"{where}: the health package depends on the remedy protocol only, never on a backend")
@@ -131,6 +135,8 @@ def test_the_product_keeps_its_layers():
 @pytest.mark.parametrize(("module", "source", "rule"), [
     ("exporter.collectors.ray.bad", "from launcher import api\n", "the exporter imports neither"),
     ("exporter.collectors.ray.bad", "import ray\n", "the exporter imports neither"),
+    ("exporter.bad", "def f():\n    from dashboards import cut\n", "imports neither dashboards nor alerts"),
+    ("exporter.bad", "import alerts.prometheus\n", "imports neither dashboards nor alerts"),
     ("exporter.collectors.ray.bad", "from exporter.collectors.gpu import collector\n", "another collector's"),
     ("exporter.collectors.ray.bad", "from ..gpu.collector import GpuCollector\n", "another collector's"),
     ("exporter.collectors.ray.bad", "from exporter import server\n", "never imports the server"),
