@@ -17,7 +17,11 @@ import click
 # In this order, before the rest: _malloc tunes glibc's malloc when the process serves (before the imports
 # fill the heap); aiohttp_lazy imports aiohttp (which plugins import) without its import-time loads of the CA
 # store and the MIME types, both left to their first use.
-from exporter import __version__, _malloc, aiohttp_lazy, outputflag, plugins, profiles, redact  # noqa: F401
+from exporter import _malloc  # noqa: F401
+from exporter.serving import aiohttp_lazy  # noqa: F401
+
+# isort: split
+from exporter import __version__, outputflag, plugins, profiles, redact
 from exporter._malloc import cap_malloc_arenas, pin_mmap_threshold
 from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig, unknown_environment
 from exporter.outputflag import format_option
@@ -78,7 +82,7 @@ def _load(config_file: Path | None, **flag_args: Any) -> ExporterConfig:
     try:
         config = plugins.load(_flags(**flag_args), config_file)
         if config.web_config_file is not None:
-            from exporter.webconfig import load_web_config
+            from exporter.serving.webconfig import load_web_config
 
             load_web_config(config.web_config_file)
         return config
@@ -189,7 +193,7 @@ def serve(config_file: Path | None, **flag_args: Any) -> None:
     pin_mmap_threshold()
     config = _load(config_file, **flag_args)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from exporter.server import serve as run_server
+    from exporter.serving.server import serve as run_server
 
     try:
         asyncio.run(run_server(config))

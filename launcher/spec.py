@@ -415,7 +415,7 @@ class JobSpec(_Strict):
         launcher's own reads of the exporters (the health watcher) cannot present."""
         if self.exporter_web_config is None:
             return
-        from exporter.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
+        from exporter.serving.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
 
         fix = "fix the file, or leave --exporter-web-config out"
         try:

@@ -54,7 +54,7 @@ DEFAULT_IMAGE = f"ghcr.io/raypulse/raypulse-exporter:{__version__}"
 DEFAULT_NAMESPACE = "monitoring"
 DEFAULT_NAME = "raypulse-exporter"
 PORT_NAME = "metrics"
-READY_PATH = "/readyz"  # exporter/server.py serves it; contract/wire.py names no constant for it yet
+READY_PATH = "/readyz"  # exporter/serving/server.py serves it; contract/wire.py names no constant for it yet
 # Where the host's file systems appear in the container, as node_exporter's manifests put them.
 HOST_PROC, HOST_SYS, HOST_ROOT = "/host/proc", "/host/sys", "/host/root"
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"  # the kubelet's PodResources gRPC socket (kubelet.sock)
