@@ -143,6 +143,7 @@ def test_the_product_keeps_its_layers():
     ("exporter.collectors.ray.bad", "from ..gpu.collector import GpuCollector\n", "another collector's"),
     ("exporter.collectors.ray.bad", "from exporter.serving import server\n", "never imports the server"),
     ("exporter.config", "from exporter.gpusim.models import model\n", "is a leaf"),
+    ("exporter.config", "from exporter.framework.collector import REGISTRY\n", "is a leaf"),
     ("exporter.collectors.gpu.bad", "from exporter.gpusim.nvml import SimulatedNvml\n", "never imports the simulator"),
     ("alerts.bad", "def f():\n    from launcher.spec import JobSpec\n", "never import the launcher"),
     ("launcher.bad", "from scripts import stack\n", "never imports the tests"),
