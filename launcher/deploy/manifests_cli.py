@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import yaml
 
 from exporter import outputflag, profiles
 from exporter.outputflag import format_option
@@ -17,9 +18,6 @@ from launcher.exitcodes import ExitCode
 from launcher.failing import fail
 
 FORMATS = ("yaml", "json")
-WROTE_FORMATS = ("text", "json")
-
-
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
@@ -47,8 +45,6 @@ def _pairs(items: tuple[str, ...], hint: str) -> dict[str, str]:
 
 
 def _affinity(text: str | None) -> dict[str, Any] | None:
-    import yaml
-
     if text is None:
         return None
     try:
@@ -133,7 +129,7 @@ def manifests(node_selector: tuple[str, ...], tolerations: tuple[str, ...], affi
                               host_network=not pod_network)
     except ValueError as exc:
         fail("exporters.manifests", exc, ExitCode.BAD_INPUT)
-    written = WROTE_FORMATS[1] if output == "json" else WROTE_FORMATS[0]
+    written = "json" if output == "json" else "text"  # with --dir or --kustomize: the paths written
     if kustomize_dir is not None:
         outputflag.echo_wrote(k8s.write_kustomize(k8s.kustomize(options), kustomize_dir), written)
         return
