@@ -6,7 +6,7 @@
 #   (buildah/podman build: add --format docker, the OCI format drops HEALTHCHECK)
 #
 # Published as ghcr.io/raypulse/raypulse-exporter:<version> (the version of exporter/__init__.py);
-# `exporter manifests` uses that name by default. Build on another base with
+# `launcher exporters manifests` uses that name by default. Build on another base with
 # `--build-arg PYTHON_IMAGE=...` (any Debian-like image with python3 >= 3.11 as `python`).
 #
 # Privileges. The image runs as uid 1000, gid 100 (Ray's own user in rayproject/ray), with nothing
@@ -18,7 +18,7 @@
 #   reports by host PID;
 # - root with the SYS_PTRACE and DAC_READ_SEARCH capabilities (and no others): reading
 #   /proc/<pid>/environ, io and fd of other users' processes (Ray process -> job attribution) and
-#   statfs of mount points under directories only root may search. `exporter manifests
+#   statfs of mount points under directories only root may search. `launcher exporters manifests
 #   --unprivileged` runs the DaemonSet as this image's user instead, without them.
 # The host's /proc, /sys and / are mounted read-only and given as --procfs, --sysfs and --rootfs.
 

@@ -82,12 +82,12 @@ docs: install
 # Grafana dashboards: dashboards/json/*.json, dashboards/provisioning/ and docs/dashboards.md from dashboards/boards/.
 dashboards: install
 	$(PY) -m dashboards.build
-	$(VENV)/bin/exporter manifests --kustomize exporter/kustomize  # the kustomize base carries the dashboards
+	$(VENV)/bin/launcher exporters manifests --kustomize exporter/kustomize  # the kustomize base carries the dashboards
 
 # Alert rules: alerts/rules/*.yaml and docs/alerts.md from alerts/groups/ and alerts/config.py.
 alerts: install
 	$(PY) -m alerts.build
-	$(VENV)/bin/exporter manifests --kustomize exporter/kustomize  # the kustomize base carries the rules
+	$(VENV)/bin/launcher exporters manifests --kustomize exporter/kustomize  # the kustomize base carries the rules
 
 # The alert fault drill (a real Ray cluster, Prometheus, Alertmanager): writes docs/alerts-drill.md.
 drill: install system-deps

@@ -181,7 +181,7 @@ class Config:
     # The label contract (exporter/contract/labels.py): the cluster and node label names, the scrape job whose
     # `up` series the rules select (alerts/prometheus.py names the scrape job so; nothing else uses it,
     # our metric names are unique) and where docs/runbooks.md is published. Shared with dashboards.build
-    # and `exporter manifests`; `LabelContract(cluster="ray_io_cluster")` is KubeRay's naming.
+    # and `launcher exporters manifests`; `LabelContract(cluster="ray_io_cluster")` is KubeRay's naming.
     labels: LabelContract = DEFAULT_LABELS
     critical_xids: tuple[int, ...] = CRITICAL_XIDS
     tuning: Mapping[str, Tune] = field(default_factory=lambda: dict(TUNING))

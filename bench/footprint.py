@@ -159,9 +159,9 @@ def _dump(path: Path) -> None:
 
 def serve_accounted() -> None:
     """`exporter <args>` with the CPU accounting above; SIGUSR1 writes the totals to $RAYPULSE_BENCH_ACCOUNTING."""
-    import exporter.exposition
-    from exporter.collector import BlockingCollector, load_collectors
+    import exporter.serving.exposition
     from exporter.collectors.gpu.xid_watcher import XidWatcher
+    from exporter.framework.collector import BlockingCollector, load_collectors
     from exporter.gpusim.nvml import SimulatedNvml
 
     for name, member in list(vars(SimulatedNvml).items()):
@@ -172,9 +172,9 @@ def serve_accounted() -> None:
     for name, cls in load_collectors().items():
         if issubclass(cls, BlockingCollector):
             cls.collect = _timed(f"collector {name} (own)", cls.collect)  # type: ignore[method-assign]
-    exporter.exposition.encode = _timed(lambda fmt, snapshot, *_: f"rendering: encoding {snapshot.collector}",
-                                        exporter.exposition.encode)
-    chunks = exporter.exposition.ChunkCache
+    exporter.serving.exposition.encode = _timed(lambda fmt, snapshot, *_: f"rendering: encoding {snapshot.collector}",
+                                        exporter.serving.exposition.encode)
+    chunks = exporter.serving.exposition.ChunkCache
     chunks.render = _timed("rendering: joining and gzip", chunks.render)  # type: ignore[method-assign]
     XidWatcher._wait_once = _timed("XID watcher (own)", XidWatcher._wait_once)  # type: ignore[method-assign]
     asyncio.events.Handle._run = _timed_steps(asyncio.events.Handle._run)  # type: ignore[method-assign]
@@ -404,13 +404,13 @@ def measure(args: argparse.Namespace) -> tuple[list[Target], dict[str, int], Spl
 _IMPORT_GROUPS: list[tuple[str, list[str]]] = [
     ("asyncio, ssl (libssl, libcrypto)", ["asyncio", "ssl"]),
     ("aiohttp, server and client (attrs, email, http.cookies, yarl, multidict; two default SSL contexts: their CA "
-     "store, and the system's MIME types, loaded when first used)", ["exporter.aiohttp_lazy", "aiohttp.web"]),
+     "store, and the system's MIME types, loaded when first used)", ["exporter.serving.aiohttp_lazy", "aiohttp.web"]),
     ("pydantic", ["pydantic", "pydantic.main"]),
     ("click", ["click"]),
     ("prometheus_client", ["prometheus_client", "prometheus_client.openmetrics.exposition"]),
     ("pynvml (nvidia-ml-py)", ["pynvml"]),
     ("exporter: config models", ["exporter.config"]),
-    ("exporter: CLI, server", ["exporter.cli", "exporter.server"]),
+    ("exporter: CLI, server", ["exporter.cli", "exporter.serving.server"]),
     ("exporter: every collector and the catalog", ["+collectors"]),
     ("GPU simulator (exporter.gpusim.nvml)", ["exporter.gpusim.nvml"]),
 ]
@@ -424,7 +424,7 @@ steps = [("interpreter", rss())]
 for label, modules in json.loads(sys.argv[1]):
     for module in modules:
         if module == "+collectors":
-            from exporter.collector import load_collectors
+            from exporter.framework.collector import load_collectors
             load_collectors()
         else:
             importlib.import_module(module)
@@ -436,9 +436,9 @@ print(json.dumps(steps))
 _RUNTIME_PROBE = """
 import asyncio, json, sys, tracemalloc
 import aiohttp
-from exporter.collector import load_collectors
+from exporter.framework.collector import load_collectors
 from exporter.config import load_config
-from exporter.server import Exporter
+from exporter.serving.server import Exporter
 import exporter.gpusim.nvml
 load_collectors()
 flags, accept, seconds = json.loads(sys.argv[1])

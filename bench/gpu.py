@@ -30,11 +30,11 @@ from bench.scrape import cpu_seconds, free_port, hammer, percentile, series_coun
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.collector import load_collectors  # noqa: E402
 from exporter.collectors.gpu.collector import GpuCollector  # noqa: E402
 from exporter.config import load_config  # noqa: E402
+from exporter.framework.collector import load_collectors  # noqa: E402
+from exporter.framework.snapshot import SampleSink  # noqa: E402
 from exporter.gpusim.nvml import SimulatedNvml  # noqa: E402
-from exporter.snapshot import SampleSink  # noqa: E402
 
 GPUS = 8
 TARGET_MS = 50.0

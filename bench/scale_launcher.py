@@ -5,8 +5,8 @@ The fleet (`fleet`, one process of its own) serves N exporters on N loopback add
 port), each with a real 8-GPU node's /metrics: the bodies are taken once from a real `exporter serve
 --simulate-gpus 8` with eight ranks reporting progress (`capture`), one of them again after
 `exporter gpu-fault ... xid 79` (the body a faulty node serves). The fleet answers `name[]` selections
-and If-None-Match as the exporter does, with its own code (exporter.exposition.Rendering: the same
-gzip and ETag; exporter.server.not_modified: the same 304 rule); it also serves /sd. POST /fake/tick
+and If-None-Match as the exporter does, with its own code (exporter.serving.exposition.Rendering: the same
+gzip and ETag; exporter.serving.server.not_modified: the same 304 rule); it also serves /sd. POST /fake/tick
 makes every node's training progress advance (a new step: new bytes and ETag for the families holding it).
 
 The launcher's code runs in a process of its own per size and checkout (`measure`), so its CPU and peak
@@ -150,8 +150,8 @@ def serve_fleet(nodes: int, healthy: Path, faulty: Path, fault_nodes: list[int],
 
     from aiohttp import web
 
-    from exporter.exposition import Format, Rendering
-    from exporter.server import not_modified
+    from exporter.serving.exposition import Format, Rendering
+    from exporter.serving.server import not_modified
 
     bodies = {"healthy": _families(healthy.read_text()), "faulty": _families(faulty.read_text())}
     faults = set(fault_nodes)

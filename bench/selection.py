@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.scrape import REPO, cpu_seconds, percentile, wait_ready
 from exporter.contract import wire
-from exporter.exposition import MAX_SELECTIONS
+from exporter.serving.exposition import MAX_SELECTIONS
 from launcher.health.exporters import FAMILIES as WATCHED
 from launcher.health.exporters import parse
 from scripts.ports import free_port

@@ -81,7 +81,7 @@ the raw families (the records keep `cluster`, `node`, `submission_id`). Panels o
 GPU or a GPU's own state keep reading the GPU families.
 
 The records ship with the alert rules, everywhere raypulse installs those: `launcher
-prometheus-config` (every `alerts/rules/*.yaml`), `exporter manifests` (the PrometheusRule, and the
+prometheus-config` (every `alerts/rules/*.yaml`), `launcher exporters manifests` (the PrometheusRule, and the
 plain overlay's rule ConfigMap), `exporter assets`, the kustomize base, `make demo` and the drills.
 A Prometheus that evaluates raypulse's alerts records them; one given only some rule files shows
 the panels below empty until it loads `scale.yaml` too. Panels that read a record:

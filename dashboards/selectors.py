@@ -20,9 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from exporter.catalog import CATALOG, MetricSpec
-from exporter.collector import load_collectors
 from exporter.contract import node_exporter
+from exporter.framework.catalog import CATALOG, MetricSpec
+from exporter.framework.collector import load_collectors
 
 # Labels Prometheus attaches to every series it scrapes from our exporters (see exporter/collectors/ray/sd.py).
 TARGET_LABELS = frozenset({"job", "instance", "cluster", "node", "role", "ray_node_id"})

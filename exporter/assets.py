@@ -1,6 +1,6 @@
 """The Grafana dashboards and Prometheus rule files that ship inside the package, and the one way to
 write them out (`exporter assets --dir DIR`): for a Grafana or Prometheus set up by hand, without
-a checkout of the repository. `exporter manifests` wraps the same files into Kubernetes objects.
+a checkout of the repository. `launcher exporters manifests` wraps the same files into Kubernetes objects.
 
 They are package data of `dashboards` (json/*.json) and `alerts` (rules/*.yaml, alertmanager.yml),
 read through importlib.resources, so they come from the wheel as they come from a checkout. Reading

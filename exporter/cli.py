@@ -17,7 +17,11 @@ import click
 # In this order, before the rest: _malloc tunes glibc's malloc when the process serves (before the imports
 # fill the heap); aiohttp_lazy imports aiohttp (which plugins import) without its import-time loads of the CA
 # store and the MIME types, both left to their first use.
-from exporter import __version__, _malloc, aiohttp_lazy, outputflag, plugins, profiles, redact  # noqa: F401
+from exporter import _malloc  # noqa: F401
+from exporter.serving import aiohttp_lazy  # noqa: F401
+
+# isort: split
+from exporter import __version__, outputflag, plugins, profiles, redact
 from exporter._malloc import cap_malloc_arenas, pin_mmap_threshold
 from exporter.config import DEFAULT_PORT, ENV_PREFIX, ConfigError, ExporterConfig, unknown_environment
 from exporter.outputflag import format_option
@@ -78,7 +82,7 @@ def _load(config_file: Path | None, **flag_args: Any) -> ExporterConfig:
     try:
         config = plugins.load(_flags(**flag_args), config_file)
         if config.web_config_file is not None:
-            from exporter.webconfig import load_web_config
+            from exporter.serving.webconfig import load_web_config
 
             load_web_config(config.web_config_file)
         return config
@@ -189,7 +193,7 @@ def serve(config_file: Path | None, **flag_args: Any) -> None:
     pin_mmap_threshold()
     config = _load(config_file, **flag_args)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from exporter.server import serve as run_server
+    from exporter.serving.server import serve as run_server
 
     try:
         asyncio.run(run_server(config))
@@ -254,23 +258,6 @@ def _write(text: str, out: Path | None) -> None:
         click.echo(text, nl=False)
 
 
-def _wrote(paths: list[Path], output: str) -> None:
-    """What a command wrote: a `wrote PATH` line each, or -o json's {"wrote": [...]}."""
-    if output == "json":
-        click.echo(json.dumps({"wrote": [str(path) for path in paths]}, indent=2))
-    else:
-        for path in paths:
-            click.echo(f"wrote {path}")
-
-
-def _directory(output: str, directory: Path | None, formats: tuple[str, ...]) -> tuple[str, Path | None]:
-    """`--dir DIR`, or the old `-o DIR` (one deprecation line); a file where the directory goes is refused."""
-    output, directory = outputflag.resolve("exporter", output, directory, formats, "--dir")
-    if directory is not None and directory.exists() and not directory.is_dir():
-        raise click.BadParameter(f"{directory} is a file, not a directory", param_hint="--dir")
-    return output, directory
-
-
 @main.command()
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Directory to write dashboards/*.json, rules/*.yaml and alertmanager.yml into (required).")
@@ -279,136 +266,22 @@ def assets(directory: Path | None, output: str) -> None:
     """Write the Grafana dashboards and Prometheus rule files that ship with raypulse."""
     from exporter import assets as packaged
 
-    output, directory = _directory(output, directory, WROTE_FORMATS)
+    output, directory = outputflag.resolve_dir("exporter", output, directory, WROTE_FORMATS)
     if directory is None:
         raise click.UsageError("give --dir DIR: where the dashboards and rule files go")
-    _wrote(list(packaged.write(directory)), output)
+    outputflag.echo_wrote(packaged.write(directory), output)
 
 
-_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# The deployment (DaemonSet, ServiceMonitor, PrometheusRule, dashboards) carries the rules and dashboards, so
+# the launcher renders it, above the exporter: this name only says where it went.
+MANIFESTS_MOVED = ("`exporter manifests` is now `launcher exporters manifests`, with the same flags (the launcher "
+                   "renders the deployment: it carries the alert rules and dashboards)")
 
 
-def _toleration(spec: str) -> dict[str, str]:
-    """kubectl taint's KEY[=VALUE][:EFFECT] as a toleration of it; `*` tolerates every taint."""
-    if spec == "*":
-        return {"operator": "Exists"}
-    taint, _, effect = spec.partition(":")
-    key, sep, value = taint.partition("=")
-    if not key or (effect and effect not in _TAINT_EFFECTS):
-        raise click.BadParameter(f"{spec!r} is not KEY[=VALUE][:EFFECT] (EFFECT one of {', '.join(_TAINT_EFFECTS)}) "
-                                 "or '*'", param_hint="--toleration")
-    toleration = {"key": key, "operator": "Equal", "value": value} if sep else {"key": key, "operator": "Exists"}
-    return toleration | ({"effect": effect} if effect else {})
-
-
-def _pairs(items: tuple[str, ...], hint: str) -> dict[str, str]:
-    pairs = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=hint)
-        pairs[key] = value
-    return pairs
-
-
-def _affinity(text: str | None) -> dict[str, Any] | None:
-    import yaml
-
-    if text is None:
-        return None
-    try:
-        value = yaml.safe_load(Path(text[1:]).read_text() if text.startswith("@") else text)
-    except (OSError, yaml.YAMLError) as exc:
-        raise click.BadParameter(f"cannot read it: {exc}", param_hint="--affinity") from exc
-    if not isinstance(value, dict):
-        raise click.BadParameter("give a YAML or JSON mapping (the pod's `affinity`), or @FILE holding one",
-                                 param_hint="--affinity")
-    return value
-
-
-@main.command()
-@click.option("--namespace", help="Namespace of every object [default: monitoring].")
-@click.option("--release", metavar="NAME",
-              help="kube-prometheus-stack's Helm release: every object gets the label release=NAME it selects.")
-@click.option("--name", help="Name of the DaemonSet and Service; the other objects' names start with it "
-                             "[default: raypulse-exporter].")
-@click.option("--image", metavar="IMAGE", help="Exporter image [default: ghcr.io/raypulse/raypulse-exporter:VERSION].")
-@click.option("--cluster", help="Value of the cluster label of every series [default: default].")
-@click.option("--cluster-label", help="Name of the cluster label (the label contract, exporter/contract/labels.py), "
-                                    "e.g. ray_io_cluster as KubeRay names it [default: cluster].")
-@click.option("--node-label", help="Name of the node label [default: node].")
-@click.option("--scrape-job", help="The job label of the exporters' series, which the alert rules select "
-                                   "[default: raypulse].")
-@click.option("--runbook-base", metavar="URL", help="Where the alerts' runbook links point [default: the project's].")
-@click.option("--profile", type=click.Choice(profiles.NAMES),
-              help=f"The exporter's collector profile [default: {profiles.DEFAULT}]; {profiles.COMPANION} where "
-                   "node_exporter runs on the nodes too.")
-@click.option("--web-config-secret", metavar="SECRET",
-              help="A Secret with web-config.yml (TLS, basic auth) and the files it names: HTTPS, probes and "
-                   "scrape included; the scrape trusts its ca.crt.")
-@click.option("--runtime-class", metavar="NAME",
-              help="runtimeClassName of the pods, e.g. nvidia where the NVIDIA runtime is not the default one.")
-@click.option("--priority-class", metavar="NAME",
-              help="priorityClassName of the pods, '' for none [default: system-node-critical].")
-@click.option("--node-selector", "node_selector", multiple=True, metavar="KEY=VALUE",
-              help="Run only on nodes with this label (repeatable).")
-@click.option("--toleration", "tolerations", multiple=True, metavar="KEY[=VALUE][:EFFECT]|*",
-              help="Tolerate this taint, '*' every taint (repeatable; replaces the default, "
-                   "nvidia.com/gpu:NoSchedule).")
-@click.option("--affinity", metavar="YAML|@FILE", help="The pods' affinity, a YAML or JSON mapping.")
-@click.option("--image-pull-secret", "image_pull_secrets", multiple=True, metavar="SECRET",
-              help="imagePullSecrets of the pods (repeatable).")
-@click.option("--arg", "extra_args", multiple=True, metavar="ARG",
-              help="One more argument of `exporter serve` (repeatable; after the generated ones).")
-@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="One more environment variable (repeatable).")
-@click.option("--unprivileged", is_flag=True,
-              help="Run as the image's user without capabilities: other users' processes are not attributed.")
-@click.option("--pod-network", is_flag=True, help="Use the pod's network namespace instead of the node's.")
-@click.option("--cut", is_flag=True, default=None,
-              help="Large clusters: the scrape drops the families no alert needs and no panel depends on "
-                   "(per-link NVLink; docs/scale.md).")
-@click.option("--watchdog", is_flag=True, default=None,
-              help="Add RaypulseWatchdog to the PrometheusRule (for an Alertmanager other than "
-                   "kube-prometheus-stack's, which has its own Watchdog).")
-@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Write one YAML file per object into this directory instead of all to stdout.")
-@format_option(("yaml", "json"), legacy_path=True)
-@click.option("--kustomize", "kustomize_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Write a kustomize base and overlays (kube-prometheus-stack, plain) into DIR instead "
-                   "(exporter/kustomize/ is this with the defaults).")
-def manifests(node_selector: tuple[str, ...], tolerations: tuple[str, ...], affinity: str | None,
-              image_pull_secrets: tuple[str, ...], extra_args: tuple[str, ...], env: tuple[str, ...],
-              unprivileged: bool, pod_network: bool, directory: Path | None, output: str,
-              kustomize_dir: Path | None, priority_class: str | None, **given: str | None) -> None:
-    """Kubernetes manifests: ServiceAccount, DaemonSet, Service, ServiceMonitor, PrometheusRule, dashboard
-    ConfigMaps (docs/kubernetes.md). -o json: one v1 List on stdout (with --dir or --kustomize: what was
-    written, as JSON)."""
-    from exporter import manifests as k8s
-
-    output, directory = _directory(output, directory, ("yaml", "json"))
-    if directory is not None and kustomize_dir is not None:
-        raise click.UsageError("give --dir or --kustomize, not both")
-    settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
-    if priority_class is not None:
-        settings["priority_class"] = priority_class or None
-    if tolerations:
-        settings["tolerations"] = tuple(_toleration(spec) for spec in tolerations)
-    try:
-        options = k8s.Options(**settings, node_selector=_pairs(node_selector, "--node-selector"),
-                              affinity=_affinity(affinity), image_pull_secrets=image_pull_secrets,
-                              extra_args=extra_args, env=_pairs(env, "--env"), unprivileged=unprivileged,
-                              host_network=not pod_network)
-    except ValueError as exc:
-        click.echo(f"exporter: {exc}", err=True)
-        sys.exit(EXIT_CONFIG_ERROR)
-    written = "json" if output == "json" else "text"
-    if kustomize_dir is not None:
-        _wrote(list(k8s.write_kustomize(k8s.kustomize(options), kustomize_dir)), written)
-        return
-    objects = k8s.render(options)
-    if directory is not None:
-        _wrote(list(k8s.write(objects, directory)), written)
-    elif output == "json":
-        click.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
-    else:
-        click.echo(k8s.to_yaml(objects), nl=False)
+@main.command(hidden=True, add_help_option=False,
+              context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def manifests(args: tuple[str, ...]) -> None:
+    """Moved: `launcher exporters manifests`."""
+    click.echo(f"exporter: {MANIFESTS_MOVED}", err=True)
+    sys.exit(EXIT_CONFIG_ERROR)

@@ -272,7 +272,7 @@ class NodeExporterSettings(_Strict):
 
 
 class HttpSettings(_Strict):
-    """Bounds on what the clients of the exporter's HTTP ports may hold (exporter/guard.py)."""
+    """Bounds on what the clients of the exporter's HTTP ports may hold (exporter/serving/guard.py)."""
 
     max_connections: int = Field(256, ge=4, le=65536, description=(
         "Most open connections at once, /metrics and progress ports together (never more than a quarter "

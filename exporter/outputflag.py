@@ -8,6 +8,7 @@ stderr naming the new flag. (A file literally named like a format needs --out.)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,3 +38,21 @@ def resolve(program: str, output: str, path: Path | None, formats: Sequence[str]
     click.echo(f"{program}: warning: -o/--output PATH is deprecated and goes in the next release; use "
                f"{new_flag} {output} (-o is the output format: {'|'.join(formats)})", err=True)
     return formats[0], Path(output)
+
+
+def resolve_dir(program: str, output: str, directory: Path | None,
+                formats: Sequence[str]) -> tuple[str, Path | None]:
+    """`--dir DIR`, or the old `-o DIR` (one deprecation line); a file where the directory goes is refused."""
+    output, directory = resolve(program, output, directory, formats, "--dir")
+    if directory is not None and directory.exists() and not directory.is_dir():
+        raise click.BadParameter(f"{directory} is a file, not a directory", param_hint="--dir")
+    return output, directory
+
+
+def echo_wrote(paths: Sequence[Path], output: str) -> None:
+    """What a command wrote: a `wrote PATH` line each, or -o json's {"wrote": [...]}."""
+    if output == "json":
+        click.echo(json.dumps({"wrote": [str(path) for path in paths]}, indent=2))
+    else:
+        for path in paths:
+            click.echo(f"wrote {path}")

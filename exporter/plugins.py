@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from exporter.collector import Collector, load_collectors
 from exporter.collectors.gpu.families import COLLECTOR as GPU_COLLECTOR
 from exporter.config import ExporterConfig, Known, load_config
+from exporter.framework.collector import Collector, load_collectors
+from exporter.framework.shared import Shared
 from exporter.gpusim.models import MODELS
-from exporter.shared import Shared
 
 
 def known() -> Known:

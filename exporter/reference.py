@@ -8,10 +8,10 @@ from itertools import groupby
 from pydantic import BaseModel
 
 from exporter import profiles
-from exporter.catalog import CATALOG, PREFIX, STANDARD_PREFIX, MetricSpec
-from exporter.collector import REGISTRY, load_collectors
 from exporter.config import ENV_PREFIX, CollectorSettings, ExporterConfig
-from exporter.selfmetrics import EXPORTER
+from exporter.framework.catalog import CATALOG, PREFIX, STANDARD_PREFIX, MetricSpec
+from exporter.framework.collector import REGISTRY, load_collectors
+from exporter.framework.selfmetrics import EXPORTER
 
 
 def _collector_heading(name: str) -> str:

@@ -85,7 +85,7 @@ def prepare_web_config(source: Path, directory: Path) -> ExporterAccess:
     """Write the launcher's copy of the user's web config into `directory` (0600) and say how to reach
     exporters serving it. The user's file was checked with the spec (JobSpec.exporter_web_config);
     raises exporter.config.ConfigError if it changed into something that cannot work since."""
-    from exporter.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
+    from exporter.serving.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
 
     config = load_web_config(source)  # with its certificate paths resolved against its folder
     data = read_yaml_file(source, "web config file")

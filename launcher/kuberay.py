@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from exporter.contract import wire
-from exporter.manifests import DEFAULT_IMAGE, Options, relabelings
 from launcher import state
+from launcher.deploy.manifests import DEFAULT_IMAGE, Options, relabelings
 from launcher.errors import BadInput
 from launcher.journal import Journal
 from launcher.kubeaccess import KubeAccess, api_error, kube_api

@@ -147,8 +147,8 @@ def discover(sd_url: str, access: ExporterAccess | None = None, timeout: float =
 def requested() -> tuple[tuple[str, ...], ...]:
     """The names a round asks every exporter for, in requests of at most wire.METRICS_MAX_NAMES: every
     family of the exporter's catalog that is kept (the catalog lists them all: no second list here)."""
-    from exporter.catalog import CATALOG  # the catalog fills as the collector modules are imported
-    from exporter.collector import load_collectors
+    from exporter.framework.catalog import CATALOG  # the catalog fills as the collector modules are imported
+    from exporter.framework.collector import load_collectors
 
     load_collectors()
     names = sorted(spec.name for spec in CATALOG if allowed(spec.name))

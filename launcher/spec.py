@@ -246,7 +246,7 @@ class JobSpec(_Strict):
     release: str | None = Field(None, description="kube-prometheus-stack's Helm release: the PodMonitor gets the "
                                 "`release` label its Prometheus selects on")
     exporter_image: str | None = Field(None, description="exporter sidecar image (default: the raypulse "
-                                        "exporter image of this version, exporter/manifests.py DEFAULT_IMAGE)")
+                                        "exporter image of this version, launcher/deploy/manifests.py DEFAULT_IMAGE)")
     exporter_web_config: Path | None = Field(None, description="web config file (TLS, basic auth; exporter-toolkit "
                                              "format) of the local cluster's exporters, checked before anything "
                                              "starts (docs/deploy.md)")
@@ -415,7 +415,7 @@ class JobSpec(_Strict):
         launcher's own reads of the exporters (the health watcher) cannot present."""
         if self.exporter_web_config is None:
             return
-        from exporter.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
+        from exporter.serving.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
 
         fix = "fix the file, or leave --exporter-web-config out"
         try:

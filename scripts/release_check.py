@@ -3,11 +3,11 @@ here, without publishing anything:
 
 - the sdist and the wheel built with `python -m build` into a temporary directory, and `twine check
   --strict` on them; both named for exporter.__version__, the wheel holding the packaged rule files and
-  dashboards (what `exporter assets` and `exporter manifests` read);
+  dashboards (what `exporter assets` and `launcher exporters manifests` read);
 - every workflow under .github/workflows/ valid against the GitHub workflow schema (`check-jsonschema
   --builtin-schema vendor.github-workflows`: the schema ships inside check-jsonschema, no network);
 - the names agreeing: the version matches the workflow's tag filter, the workflow pushes the image that
-  exporter/manifests.py's DEFAULT_IMAGE names (registry, repository, tag = the version), logs in to that
+  launcher/deploy/manifests.py's DEFAULT_IMAGE names (registry, repository, tag = the version), logs in to that
   registry, and the Dockerfile's default VERSION is the version.
 
     python -m scripts.release_check          # exit 1 with one line per problem
@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from exporter import __version__
-from exporter.manifests import DEFAULT_IMAGE
+from launcher.deploy.manifests import DEFAULT_IMAGE
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / ".github" / "workflows"

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from exporter.catalog import CATALOG, Catalog, MetricSpec, MetricType, naming_problems
-from exporter.collector import REGISTRY, load_collectors
+from exporter.framework.catalog import CATALOG, Catalog, MetricSpec, MetricType, naming_problems
+from exporter.framework.collector import REGISTRY, load_collectors
 from tests.conftest import REPO, exporter_command
 
 

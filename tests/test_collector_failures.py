@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.catalog import MetricSpec, MetricType
-from exporter.collector import AsyncCollector, BlockingCollector
 from exporter.config import load_config
-from exporter.server import Exporter
+from exporter.framework.catalog import MetricSpec, MetricType
+from exporter.framework.collector import AsyncCollector, BlockingCollector
+from exporter.serving.server import Exporter
 
 INTERVAL = 0.2
 STALE_AFTER_INTERVALS = 3

@@ -33,9 +33,9 @@ from dashboards import livecheck, promql
 from dashboards.provisioner import JSON_DIR
 from exporter import profiles
 from exporter.contract import node_exporter, wire
+from exporter.framework.shared import ServiceDiscovery
 from exporter.plugins import load
-from exporter.server import Exporter
-from exporter.shared import ServiceDiscovery
+from exporter.serving.server import Exporter
 from tests.conftest import REPO, RunningPrometheus, binary, exporter_command, free_port, wait_until
 from tests.ray_testcluster import start_prometheus, stop_process
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from alerts import build, dcgm_compat, prometheus
-from exporter.catalog import CATALOG, MetricSpec
-from exporter.collector import load_collectors
+from exporter.framework.catalog import CATALOG, MetricSpec
+from exporter.framework.collector import load_collectors
 from tests.conftest import REPO, binary, exporter_command, wait_until
 
 UNIT_TEST = REPO / "alerts" / "tests" / "dcgm_compat_test.yaml"

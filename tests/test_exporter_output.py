@@ -8,8 +8,8 @@ import subprocess
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.catalog import CATALOG, MetricType
-from exporter.collector import REGISTRY, load_collectors
+from exporter.framework.catalog import CATALOG, MetricType
+from exporter.framework.collector import REGISTRY, load_collectors
 from tests.conftest import binary
 
 OPENMETRICS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"

@@ -14,24 +14,24 @@ import pynvml
 
 from exporter._malloc import serving
 from exporter.cli import cap_malloc_arenas, pin_mmap_threshold
-from exporter.exposition import Format, Rendering
-from exporter.scheduler import Workers
+from exporter.framework.scheduler import Workers
+from exporter.serving.exposition import Format, Rendering
 from tests.conftest import REPO
 
 # What `exporter serve` imports with no config file and no web config, GPUs simulated: none of these.
 _SERVE_IMPORTS = """
 import json, sys
 from exporter import plugins
-import exporter.cli, exporter.server
+import exporter.cli, exporter.serving.server
 from exporter.plugins import enabled_collectors
-from exporter.shared import Shared
+from exporter.framework.shared import Shared
 config = plugins.load({"gpu": {"simulate": 8}}, None)
 enabled_collectors(config, Shared.for_config(config))
 import exporter.gpusim.nvml
 print(json.dumps(sorted(sys.modules)))
 """
-NOT_LOADED = ["pydantic_settings", "dotenv", "yaml", "bcrypt", "psutil", "exporter.webconfig", "exporter.gpusim.cli",
-              "opentelemetry"]
+NOT_LOADED = ["pydantic_settings", "dotenv", "yaml", "bcrypt", "psutil", "exporter.serving.webconfig",
+              "exporter.gpusim.cli", "opentelemetry"]
 
 
 def test_serve_loads_no_module_it_does_not_use():
@@ -135,9 +135,9 @@ def test_openmetrics_bytes_are_those_of_prometheus_clients_default_escaping():
     give exactly the bytes of the default, whatever the label values."""
     from prometheus_client.openmetrics import exposition as openmetrics
 
-    from exporter.catalog import CATALOG
-    from exporter.collector import load_collectors
-    from exporter.exposition import _Families, encode_family, metric_family
+    from exporter.framework.catalog import CATALOG
+    from exporter.framework.collector import load_collectors
+    from exporter.serving.exposition import _Families, encode_family, metric_family
 
     load_collectors()
     values = ["gpu-0", 'a "quoted" \\ back\nslash', "ünï", ""]
@@ -152,11 +152,11 @@ def test_openmetrics_bytes_are_those_of_prometheus_clients_default_escaping():
 # and the mimetypes module its system's types when first asked.
 _DEFERRED_CA = """
 import asyncio, json, ssl, sys
-import exporter.cli  # first: it imports aiohttp through exporter.aiohttp_lazy
+import exporter.cli  # first: it imports aiohttp through exporter.serving.aiohttp_lazy
 import trustme
 from aiohttp import ClientConnectorCertificateError, ClientSession, web
 from aiohttp import connector
-from exporter.aiohttp_lazy import DeferredCAContext
+from exporter.serving.aiohttp_lazy import DeferredCAContext
 verified, unverified = connector._SSL_CONTEXT_VERIFIED, connector._SSL_CONTEXT_UNVERIFIED
 report = {"deferred": [type(c) is DeferredCAContext for c in (verified, unverified)]}
 import mimetypes

@@ -15,8 +15,6 @@ import pynvml
 import pytest
 
 from exporter import plugins
-from exporter.catalog import CATALOG, MetricSpec
-from exporter.collector import load_collectors
 from exporter.collectors.gpu import (
     clocks,
     ecc,
@@ -35,10 +33,12 @@ from exporter.collectors.gpu import event_collector as events
 from exporter.collectors.gpu.collector import GpuCollector
 from exporter.collectors.gpu.reader import NvmlDown
 from exporter.config import ConfigError, load_config
+from exporter.framework.catalog import CATALOG, MetricSpec
+from exporter.framework.collector import load_collectors
+from exporter.framework.shared import GpuProcessUsage, Shared
+from exporter.framework.snapshot import SampleSink, Snapshot
 from exporter.gpusim import control
 from exporter.gpusim.nvml import SimulatedNvml
-from exporter.shared import GpuProcessUsage, Shared
-from exporter.snapshot import SampleSink, Snapshot
 
 load_collectors()
 GPU_FAMILIES = {spec.name for spec in CATALOG if spec.collector in ("gpu", "gpu_events")}

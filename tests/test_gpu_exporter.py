@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.catalog import CATALOG, MetricType
-from exporter.collector import load_collectors
+from exporter.framework.catalog import CATALOG, MetricType
+from exporter.framework.collector import load_collectors
 from tests.conftest import REPO, RunningExporter, binary, exporter_command, http_get, wait_until
 
 FAST = {"RAYPULSE_EXPORTER_COLLECTORS__GPU__INTERVAL_SECONDS": "0.5",

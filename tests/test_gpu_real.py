@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from exporter.catalog import CATALOG
-from exporter.collector import load_collectors
 from exporter.collectors.gpu import event_collector as events
 from exporter.collectors.gpu import health, inventory, memory, pcie, power
 from exporter.collectors.gpu.collector import GpuCollector
 from exporter.config import load_config
-from exporter.snapshot import SampleSink, Snapshot
+from exporter.framework.catalog import CATALOG
+from exporter.framework.collector import load_collectors
+from exporter.framework.snapshot import SampleSink, Snapshot
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(os.environ.get("RAYPULSE_GPU_CHECK") != "1",
                                                   reason="needs a real NVIDIA GPU: run scripts/gpu_check.sh")]

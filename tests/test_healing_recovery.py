@@ -19,9 +19,9 @@ import pytest
 from exporter.collectors.ray.train import emit_rank
 from exporter.config import ProgressSettings
 from exporter.contract import wire
-from exporter.exposition import Format, encode
+from exporter.framework.snapshot import SampleSink
 from exporter.progress.store import ProgressStore, parse_batch
-from exporter.snapshot import SampleSink
+from exporter.serving.exposition import Format, encode
 from launcher.display import PlainReporter
 from launcher.healing import Healing, steps_lost
 from launcher.health.exporters import Target

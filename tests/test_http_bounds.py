@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from exporter.config import HttpSettings
-from exporter.guard import EVICTABLE_AFTER_S, Guard, GuardedTCPSite
+from exporter.serving.guard import EVICTABLE_AFTER_S, Guard, GuardedTCPSite
 from tests.conftest import wait_until
 
 SILENT_EXPORTER = ("--disable-collector", "gpu")  # the bounds do not depend on what is collected
@@ -207,7 +207,7 @@ def test_a_client_that_reads_nothing_is_disconnected_after_the_write_timeout():
 def test_the_connection_cap_never_exceeds_a_quarter_of_the_file_descriptors(limit, monkeypatch):
     import resource
 
-    from exporter import guard
+    from exporter.serving import guard
 
     monkeypatch.setattr(guard.resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY))
     assert guard.connection_cap(HttpSettings(max_connections=10000)) == limit // 4

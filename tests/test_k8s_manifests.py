@@ -1,4 +1,4 @@
-"""`exporter manifests`: every object validates, strictly, against the Kubernetes OpenAPI definitions
+"""`launcher exporters manifests`: every object validates, strictly, against the Kubernetes OpenAPI definitions
 (tests/data/kubernetes/) or the prometheus-operator CRD (tests/data/prometheus-operator/), and carries
 what the exporter, the alert rules and kube-prometheus-stack expect of it. No Kubernetes API server:
 what only one can check is listed in docs/kubernetes.md."""
@@ -25,11 +25,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from alerts.config import DEFAULT as ALERTS_CONFIG
-from exporter import assets, manifests
-from exporter.cli import main
+from exporter import assets
+from exporter.cli import MANIFESTS_MOVED, main
 from exporter.config import NodeSettings
 from exporter.contract import wire
-from exporter.manifests import Options, render
+from launcher.cli import main as launcher_main
+from launcher.deploy import manifests
+from launcher.deploy.manifests import Options, render
 from scripts.ports import free_port
 from tests.conftest import http_get, wait_until
 from tests.schemas import strict
@@ -261,9 +263,9 @@ def test_bad_names_are_refused_with_the_rule():
 
 
 def test_the_command_writes_one_file_per_object(tmp_path, validators):
-    result = CliRunner().invoke(main, ["manifests", "--namespace", "obs", "--release", "kps", "--runtime-class",
-                                       "nvidia", "--node-selector", "nvidia.com/gpu.present=true", "-o",
-                                       str(tmp_path)])
+    result = CliRunner().invoke(launcher_main, ["exporters", "manifests", "--namespace", "obs", "--release", "kps",
+                                                "--runtime-class", "nvidia", "--node-selector",
+                                                "nvidia.com/gpu.present=true", "-o", str(tmp_path)])
     assert result.exit_code == 0, result.output
     files = sorted(tmp_path.glob("*.yaml"))
     objects = [yaml.safe_load(path.read_text()) for path in files]
@@ -274,11 +276,12 @@ def test_the_command_writes_one_file_per_object(tmp_path, validators):
     assert [error for obj in objects for error in problems(validators, obj)] == []
     pod = objects[1]["spec"]["template"]["spec"]
     assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true"
-    stdout = CliRunner().invoke(main, ["manifests", "--priority-class", ""])
+    stdout = CliRunner().invoke(launcher_main, ["exporters", "manifests", "--priority-class", ""])
     assert stdout.exit_code == 0
     assert "priorityClassName" not in one(list(yaml.safe_load_all(stdout.output)), "DaemonSet")["spec"]["template"][
         "spec"]
-    refused = CliRunner().invoke(main, ["manifests", "--namespace", "Bad_NS"])
+    refused = CliRunner().invoke(launcher_main, ["exporters", "manifests", "--namespace", "Bad_NS"],
+                                 env={"RAYPULSE_HOME": str(tmp_path / "home")})
     assert refused.exit_code == 2
     assert "DNS label" in refused.output
 
@@ -435,8 +438,8 @@ def test_bad_knobs_are_refused_with_the_rule():
 def test_the_command_takes_every_knob(tmp_path, validators):
     affinity = tmp_path / "affinity.yaml"
     affinity.write_text("podAntiAffinity: {}\n")
-    result = CliRunner().invoke(main, [
-        "manifests", "--profile", "none", "--web-config-secret", "raypulse-web", "--toleration", "*",
+    result = CliRunner().invoke(launcher_main, [
+        "exporters", "manifests", "--profile", "none", "--web-config-secret", "raypulse-web", "--toleration", "*",
         "--toleration", "dedicated=ml:NoExecute", "--toleration", "nvidia.com/gpu", "--affinity", f"@{affinity}",
         "--image-pull-secret", "regcred", "--arg=--log-level", "--arg=debug", "--env", "A=b=c"])
     assert result.exit_code == 0, result.output
@@ -455,17 +458,28 @@ def test_the_command_takes_every_knob(tmp_path, validators):
     for bad, message in ((["--toleration", "key:Sometimes"], "KEY[=VALUE][:EFFECT]"),
                          (["--affinity", "[1, 2]"], "mapping"), (["--env", "NOVALUE"], "KEY=VALUE"),
                          (["--profile", "all"], "all")):
-        refused = CliRunner().invoke(main, ["manifests", *bad])
+        refused = CliRunner().invoke(launcher_main, ["exporters", "manifests", *bad],
+                                     env={"RAYPULSE_HOME": str(tmp_path / "home")})
         assert refused.exit_code == 2, (bad, refused.output)
         assert message in refused.output, (bad, refused.output)
 
 
 def test_the_command_line_adds_our_watchdog_only_when_asked():
     def alerts(*flags: str) -> set[str]:
-        result = subprocess.run([sys.executable, "-m", "exporter", "manifests", "-o", "json", *flags],
+        result = subprocess.run([sys.executable, "-m", "launcher", "exporters", "manifests", "-o", "json", *flags],
                                 capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent)
         assert result.returncode == 0, result.stderr
         [rule] = [item for item in json.loads(result.stdout)["items"] if item["kind"] == "PrometheusRule"]
         return _alerts(rule)
 
     assert alerts("--watchdog") - alerts() == {"RaypulseWatchdog"}
+
+
+@pytest.mark.parametrize("args", [[], ["--dir", "k8s", "--namespace", "obs"], ["--help"]])
+def test_exporter_manifests_names_the_command_that_replaced_it(args: list[str]):
+    result = subprocess.run([sys.executable, "-m", "exporter", "manifests", *args], capture_output=True, text=True,
+                            timeout=60, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [f"exporter: {MANIFESTS_MOVED}"]
+    assert "`launcher exporters manifests`" in MANIFESTS_MOVED

@@ -1,4 +1,4 @@
-"""The kustomize base and overlays (exporter/kustomize/): what `exporter manifests --kustomize` generates,
+"""The kustomize base and overlays (exporter/kustomize/): what `launcher exporters manifests --kustomize` generates,
 committed, and rendered offline by kubectl's built-in kustomize into objects that validate strictly
 against the vendored Kubernetes and prometheus-operator schemas (tests/test_k8s_manifests.py)."""
 
@@ -13,9 +13,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from exporter import assets, manifests
-from exporter.cli import main
-from exporter.manifests import KUSTOMIZE_DIR, Options, kustomize
+from exporter import assets
+from launcher.cli import main as launcher_main
+from launcher.deploy import manifests
+from launcher.deploy.manifests import KUSTOMIZE_DIR, Options, kustomize
 from tests.conftest import binary
 from tests.test_k8s_manifests import problems, validators  # noqa: F401 -- the fixture
 
@@ -38,9 +39,9 @@ def test_the_committed_base_and_overlays_are_what_the_generator_writes():
     expected = kustomize(Options())
     committed = {str(path.relative_to(KUSTOMIZE_DIR)): path.read_text()
                  for path in KUSTOMIZE_DIR.rglob("*.yaml")}
-    assert sorted(committed) == sorted(expected), "run `exporter manifests --kustomize exporter/kustomize`"
+    assert sorted(committed) == sorted(expected), "run `launcher exporters manifests --kustomize exporter/kustomize`"
     stale = [name for name, text in expected.items() if committed[name] != text]
-    assert not stale, f"{stale} out of date: run `exporter manifests --kustomize exporter/kustomize`"
+    assert not stale, f"{stale} out of date: run `launcher exporters manifests --kustomize exporter/kustomize`"
 
 
 def test_the_base_is_every_object_without_the_stack_specific_labels(validators):  # noqa: F811
@@ -111,8 +112,8 @@ def test_the_plain_overlay_needs_no_operator_and_prometheus_accepts_its_scrape_j
 
 
 def test_the_knobs_reach_a_generated_base_and_its_overlays(tmp_path, validators):  # noqa: F811
-    result = CliRunner().invoke(main, [
-        "manifests", "--kustomize", str(tmp_path), "--namespace", "gpu-monitoring", "--release", "kps",
+    result = CliRunner().invoke(launcher_main, [
+        "exporters", "manifests", "--kustomize", str(tmp_path), "--namespace", "gpu-monitoring", "--release", "kps",
         "--profile", "node-exporter-companion", "--web-config-secret", "raypulse-web", "--toleration", "*",
         "--priority-class", "", "--image-pull-secret", "regcred", "--node-selector", "nvidia.com/gpu.present=true",
         "--affinity", "{podAntiAffinity: {}}", "--arg=--log-level", "--arg=debug", "--env", "A=b"])
@@ -139,7 +140,8 @@ def test_the_knobs_reach_a_generated_base_and_its_overlays(tmp_path, validators)
     assert monitor["spec"]["endpoints"][0]["scheme"] == "https"
     # Generating again into the same directory leaves nothing of the earlier generation behind.
     (tmp_path / "base" / "99-configmap-stale.yaml").write_text("stale\n")
-    assert CliRunner().invoke(main, ["manifests", "--kustomize", str(tmp_path)]).exit_code == 0
+    assert CliRunner().invoke(launcher_main, ["exporters", "manifests", "--kustomize", str(tmp_path)]).exit_code == 0
     assert not (tmp_path / "base" / "99-configmap-stale.yaml").exists()
-    refused = CliRunner().invoke(main, ["manifests", "--kustomize", str(tmp_path), "--dir", str(tmp_path / "x")])
+    refused = CliRunner().invoke(launcher_main, ["exporters", "manifests", "--kustomize", str(tmp_path),
+                                                 "--dir", str(tmp_path / "x")])
     assert refused.exit_code == 2

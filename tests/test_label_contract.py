@@ -29,9 +29,9 @@ from dashboards import build as dashboards_build
 from dashboards import builder, livecheck, promql
 from dashboards.boards import BOARDS
 from dashboards.provisioner import JSON_DIR
-from exporter import manifests
-from exporter.cli import main as exporter_main
 from exporter.contract.labels import DEFAULT, KUBERAY, LabelContract
+from launcher.cli import main as launcher_main
+from launcher.deploy import manifests
 from tests import test_k8s_manifests as k8s_tests
 from tests.conftest import REPO, RunningPrometheus, binary, exporter_command, free_port, wait_until
 from tests.ray_testcluster import start_prometheus, stop_process
@@ -193,7 +193,7 @@ def test_each_builder_takes_the_contract_on_its_command_line(tmp_path):
     assert dashboards_build.main(["--cluster-label", "ray_io_cluster", "--out", str(tmp_path / "json")]) == 0
     for board in BOARDS:
         assert (tmp_path / "json" / f"{board.uid}.json").read_text() == builder.render(board, KUBERAY)
-    result = CliRunner().invoke(exporter_main, ["manifests", "--cluster-label", "ray_io_cluster"])
+    result = CliRunner().invoke(launcher_main, ["exporters", "manifests", "--cluster-label", "ray_io_cluster"])
     assert result.exit_code == 0, result.output
     assert "targetLabel: ray_io_cluster" in result.output
     for refused in (["--cluster-label", "ray_io_cluster"], ["--check", "--label-profile", "kuberay"],

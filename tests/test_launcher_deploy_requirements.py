@@ -16,11 +16,11 @@ from launcher.deploy import remote
 IMPORTS = """
 import json, sys
 before = set(sys.modules)
-import exporter.cli, exporter.server, exporter.collector, exporter.webconfig
-from exporter.collector import load_collectors
+import exporter.cli, exporter.serving.server, exporter.framework.collector, exporter.serving.webconfig
+from exporter.framework.collector import load_collectors
 load_collectors()
 import pynvml
-import bcrypt  # exporter.webconfig imports it where a web config has users
+import bcrypt  # exporter.serving.webconfig imports it where a web config has users
 print(json.dumps(sorted({name.split(".")[0] for name in set(sys.modules) - before})))
 """
 

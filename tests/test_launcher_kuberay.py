@@ -22,7 +22,7 @@ import yaml
 
 from alerts.config import DEFAULT as ALERTS_CONFIG
 from exporter import __version__
-from exporter.manifests import Options
+from launcher.deploy.manifests import Options
 from launcher.kuberay import render
 from launcher.spec import build_spec
 from scripts.ports import free_port

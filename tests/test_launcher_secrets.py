@@ -22,7 +22,7 @@ import trustme
 import yaml
 
 from exporter.config import ConfigError
-from exporter.webconfig import load_web_config
+from exporter.serving.webconfig import load_web_config
 from launcher import audit, redact
 from launcher.deploy import remote
 from launcher.deploy.raypulse_agent.node import NodeExporter

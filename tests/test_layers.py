@@ -3,8 +3,10 @@ functions): what may depend on what.
 
 - the exporter never imports the launcher or Ray (it talks to Ray over HTTP and keeps serving when
   Ray dies);
+- the exporter is the ground floor: it imports neither dashboards nor alerts (they read its catalog and
+  label contract; what carries all three, the Kubernetes deployment, is rendered by the launcher);
 - a collector imports neither the server nor another collector: what collectors share goes
-  through exporter/shared.py;
+  through exporter/framework/shared.py;
 - exporter/config.py is a leaf: no collector, no simulator;
 - the collectors read what NVML they are given: the simulator is chosen by exporter/plugins.py;
 - alerts/ and dashboards/ never import the launcher, nor each other;
@@ -28,6 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 PRODUCT = ("exporter", "launcher", "alerts", "dashboards")
 HARNESS = ("tests", "scripts", "bench", "examples")
 COLLECTORS = "exporter.collectors"
+COLLECTOR_PROTOCOL = "exporter.framework.collector"  # what a collector is, and the registry
+SERVER = "exporter.serving.server"
 AGENT = "launcher.deploy.raypulse_agent"
 CONTRACT = "exporter.contract"  # its __init__ imports nothing: `from exporter.contract import wire` loads wire only
 WIRE = "exporter.contract.wire"
@@ -96,6 +100,8 @@ def violations(modules: dict[str, Path]) -> list[str]:
                 found.append(f"{where}: product code never imports the tests, drills or demo")
             if within(name, "exporter") and (top == "launcher" or (top == "ray" and name not in TRAINING_CLIENT)):
                 found.append(f"{where}: the exporter imports neither the launcher nor Ray")
+            if within(name, "exporter") and top in ("dashboards", "alerts"):
+                found.append(f"{where}: the exporter imports neither dashboards nor alerts (they are built on it)")
             if within(name, "launcher.health") and (within(target, "launcher.backends")
                                                     or within(target, "launcher.local")):
                 found.append(f"{where}: the health package depends on the remedy protocol only, never on a backend")
@@ -104,12 +110,12 @@ def violations(modules: dict[str, Path]) -> list[str]:
             if {top, name.split(".")[0]} == {"alerts", "dashboards"}:
                 found.append(f"{where}: alerts and dashboards never import each other (what both read is in the "
                              f"exporter, e.g. {CONTRACT}.node_exporter)")
-            if name == "exporter.config" and (within(target, COLLECTORS) or within(target, "exporter.collector")
+            if name == "exporter.config" and (within(target, COLLECTORS) or within(target, COLLECTOR_PROTOCOL)
                                               or within(target, "exporter.gpusim")):
                 found.append(f"{where}: exporter/config.py is a leaf (no collector, no simulator)")
             area = collector_area(name)
             if area is not None:
-                if within(target, "exporter.server"):
+                if within(target, SERVER):
                     found.append(f"{where}: a collector never imports the server")
                 if within(target, "exporter.gpusim"):
                     found.append(f"{where}: a collector never imports the simulator (exporter/plugins.py chooses it)")
@@ -131,10 +137,13 @@ def test_the_product_keeps_its_layers():
 @pytest.mark.parametrize(("module", "source", "rule"), [
     ("exporter.collectors.ray.bad", "from launcher import api\n", "the exporter imports neither"),
     ("exporter.collectors.ray.bad", "import ray\n", "the exporter imports neither"),
+    ("exporter.bad", "def f():\n    from dashboards import cut\n", "imports neither dashboards nor alerts"),
+    ("exporter.bad", "import alerts.prometheus\n", "imports neither dashboards nor alerts"),
     ("exporter.collectors.ray.bad", "from exporter.collectors.gpu import collector\n", "another collector's"),
     ("exporter.collectors.ray.bad", "from ..gpu.collector import GpuCollector\n", "another collector's"),
-    ("exporter.collectors.ray.bad", "from exporter import server\n", "never imports the server"),
+    ("exporter.collectors.ray.bad", "from exporter.serving import server\n", "never imports the server"),
     ("exporter.config", "from exporter.gpusim.models import model\n", "is a leaf"),
+    ("exporter.config", "from exporter.framework.collector import REGISTRY\n", "is a leaf"),
     ("exporter.collectors.gpu.bad", "from exporter.gpusim.nvml import SimulatedNvml\n", "never imports the simulator"),
     ("alerts.bad", "def f():\n    from launcher.spec import JobSpec\n", "never import the launcher"),
     ("launcher.bad", "from scripts import stack\n", "never imports the tests"),

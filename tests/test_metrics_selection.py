@@ -13,10 +13,10 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.catalog import MetricSpec, MetricType
 from exporter.contract import wire
-from exporter.exposition import Format, Publisher, encode
-from exporter.snapshot import SampleSink, Snapshot
+from exporter.framework.catalog import MetricSpec, MetricType
+from exporter.framework.snapshot import SampleSink, Snapshot
+from exporter.serving.exposition import Format, Publisher, encode
 from launcher.health.exporters import FAMILIES as WATCHED
 from tests.conftest import binary, wait_until
 from tests.test_exporter_output import OPENMETRICS_ACCEPT, live_families

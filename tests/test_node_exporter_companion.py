@@ -13,12 +13,12 @@ from click.testing import CliRunner
 
 from exporter import profiles
 from exporter.cli import main
-from exporter.collector import load_collectors
 from exporter.config import ConfigError
 from exporter.contract import wire
+from exporter.framework.collector import load_collectors
+from exporter.framework.shared import ServiceDiscovery, Shared
 from exporter.plugins import enabled_collectors, load
-from exporter.server import Exporter
-from exporter.shared import ServiceDiscovery, Shared
+from exporter.serving.server import Exporter
 
 NODE_COLLECTORS = {"cpu", "memory", "vmstat", "disk", "network", "pressure", "filesystem", "tcp", "processes",
                    "infiniband", "host"}

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.catalog import CATALOG
-from exporter.collector import load_collectors
 from exporter.collectors.node import filesystem, infiniband
 from exporter.collectors.node.filesystem import StatvfsWithTimeout, mount_holding, parse_mounts
 from exporter.collectors.pod import collector as pod
 from exporter.collectors.pod.cgroup import locate, parse_proc_cgroup, read_stats
 from exporter.config import load_config
-from exporter.snapshot import SampleSink, Snapshot
+from exporter.framework.catalog import CATALOG
+from exporter.framework.collector import load_collectors
+from exporter.framework.snapshot import SampleSink, Snapshot
 from tests.conftest import wait_until
 
 POD_UID = "0f4a6e3c-1d2b-4c5e-9f80-123456789abc"

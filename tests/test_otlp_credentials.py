@@ -10,9 +10,9 @@ import pytest
 
 from exporter import redact
 from exporter.config import OtlpSettings
-from exporter.otlp import OtlpPusher
-from exporter.selfmetrics import OTLP_DROPPED_POINTS
-from exporter.snapshot import SampleSink
+from exporter.framework.selfmetrics import OTLP_DROPPED_POINTS
+from exporter.framework.snapshot import SampleSink
+from exporter.serving.otlp import OtlpPusher
 from launcher.tracing import traces_url
 from tests.conftest import free_port
 from tests.otlp_receiver import OtlpReceiver

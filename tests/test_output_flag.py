@@ -1,5 +1,5 @@
 """`-o/--output` is the output format on every command that prints; files are `--out FILE`, directories
-`--dir DIR`. The old `-o PATH` of report, export, config-reference, metrics, assets and manifests still
+`--dir DIR`. The old `-o PATH` of report, export, config-reference, metrics, assets and exporters manifests still
 works for one release, with one deprecation line naming the new flag. No cluster: a recorded run on
 disk serves the launcher's read-side commands."""
 
@@ -18,8 +18,8 @@ from launcher.state import AttemptRecord, RunRecord
 
 RUN_ID = "toy-1"
 # Commands that print nothing a script would parse: serve runs a server; gpu-fault changes a simulated
-# GPU and says so in one line.
-WITHOUT_FORMAT = {"exporter serve", "exporter gpu-fault"}
+# GPU and says so in one line; exporter manifests only names the command that replaced it.
+WITHOUT_FORMAT = {"exporter serve", "exporter gpu-fault", "exporter manifests"}
 
 
 @pytest.fixture
@@ -79,12 +79,14 @@ def _json(result) -> object:
     ("exporter", ["config-reference"], lambda data: "properties" in data),
     ("exporter", ["metrics"], lambda data: isinstance(data, list) and data),
     ("exporter", ["assets", "--dir", "assets"], lambda data: any(p.endswith(".json") for p in data["wrote"])),
-    ("exporter", ["manifests"], lambda data: data["kind"] == "List"),
-    ("exporter", ["manifests", "--dir", "k8s"], lambda data: all(p.startswith("k8s/") for p in data["wrote"])),
+    ("launcher", ["exporters", "manifests"], lambda data: data["kind"] == "List"),
+    ("launcher", ["exporters", "manifests", "--dir", "k8s"],
+     lambda data: all(p.startswith("k8s/") for p in data["wrote"])),
 ])
 def test_o_json_prints_json(home: Path, group: str, args: list[str], check):
     main = launcher_main if group == "launcher" else exporter_main
-    result = CliRunner().invoke(main, [args[0], "-o", "json", *args[1:]])  # before a `--`
+    options = args[:args.index("--")] if "--" in args else args
+    result = CliRunner().invoke(main, [*options, "-o", "json", *args[len(options):]])  # before a `--`
     assert check(_json(result)), result.stdout
 
 
@@ -94,7 +96,7 @@ def test_o_json_prints_json(home: Path, group: str, args: list[str], check):
     ("exporter", ["config-reference"], "--out", "configuration.md"),
     ("exporter", ["metrics"], "--out", "metrics.md"),
     ("exporter", ["assets"], "--dir", "assets"),
-    ("exporter", ["manifests"], "--dir", "k8s"),
+    ("launcher", ["exporters", "manifests"], "--dir", "k8s"),
 ])
 @pytest.mark.parametrize("old", ["-o", "--output"])
 def test_the_old_path_spelling_warns_once_and_still_writes(home: Path, group: str, args: list[str], new: str,

@@ -24,6 +24,7 @@ import pytest
 from packaging.requirements import Requirement
 
 import launcher
+from exporter.cli import MANIFESTS_MOVED
 from exporter.contract import wire
 from scripts.ports import free_port
 from tests.conftest import REPO, http_get, wait_until
@@ -246,7 +247,11 @@ def test_the_image_install_steps_give_a_working_exporter_without_ray(tmp_path):
     assert sorted(p.name for p in (tmp_path / "assets" / "dashboards").iterdir()) == sorted(
         p.name for p in (REPO / "dashboards" / "json").glob("*.json"))
     assert sorted(p.name for p in (tmp_path / "assets" / "opt-in").iterdir()) == ["dcgm-compat.yml", "watchdog.yml"]
-    assert "kind: DaemonSet" in _run([exporter_bin, "manifests"], env=environment, cwd=tmp_path).stdout
+    # The deployment is the launcher's to render now: one line naming its command, no traceback.
+    moved = subprocess.run([exporter_bin, "manifests"], env=environment, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+    assert moved.returncode == 2
+    assert moved.stderr.splitlines() == [f"exporter: {MANIFESTS_MOVED}"]
     # The launcher script comes with the install; without its extra it says which to install.
     no_launcher = subprocess.run([str(bin_dir / "launcher"), "--help"], env=environment, cwd=tmp_path,
                                  capture_output=True, text=True, timeout=60)

@@ -20,9 +20,9 @@ from alerts import prometheus
 from dashboards import cut as cutting
 from dashboards.coverage import ALERT_RULES
 from dashboards.selectors import catalog
-from exporter.cli import main as exporter_main
-from exporter.manifests import Options, scrape_config, service_monitor
+from launcher.cli import main as launcher_main
 from launcher.deploy import prometheus_scale
+from launcher.deploy.manifests import Options, scrape_config, service_monitor
 from launcher.exitcodes import ExitCode
 from tests.conftest import binary, http_get, wait_until
 from tests.launcher_support import launcher
@@ -116,7 +116,7 @@ def test_the_manifests_cut_validates_and_prometheus_accepts_it(validators, tmp_p
 
 
 def test_exporter_manifests_takes_the_cut():
-    result = CliRunner().invoke(exporter_main, ["manifests", "--cut"])
+    result = CliRunner().invoke(launcher_main, ["exporters", "manifests", "--cut"])
     assert result.exit_code == 0, result.output
     (monitor,) = [obj for obj in yaml.safe_load_all(result.output) if obj["kind"] == "ServiceMonitor"]
     assert monitor["spec"]["endpoints"][0]["metricRelabelings"][0]["action"] == "drop"

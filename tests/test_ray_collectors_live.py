@@ -22,9 +22,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from alerts.prometheus import config, render
-from exporter.catalog import CATALOG, MetricType
-from exporter.collector import load_collectors
 from exporter.contract import wire
+from exporter.framework.catalog import CATALOG, MetricType
+from exporter.framework.collector import load_collectors
 from tests.conftest import REPO, RunningExporter, RunningPrometheus, binary, exporter_command, wait_until
 from tests.ray_testcluster import FAST, RayCluster, start_cluster, start_exporter, start_prometheus, stop_process
 

@@ -18,7 +18,7 @@ from exporter.collectors.ray import cluster, job_workload
 from exporter.collectors.ray.head import TRUNCATIONS, RayHeadCollector
 from exporter.config import load_config
 from exporter.contract import wire
-from exporter.snapshot import SampleSink, Snapshot
+from exporter.framework.snapshot import SampleSink, Snapshot
 
 pytestmark = pytest.mark.slow
 

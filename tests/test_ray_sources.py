@@ -18,7 +18,7 @@ from exporter.collectors.ray.process_info import Proc
 from exporter.collectors.ray.process_owners import Identity, parse_node_view, title_identity
 from exporter.collectors.ray.sd import deployed_ports, target_groups
 from exporter.contract import wire
-from exporter.snapshot import SampleSink
+from exporter.framework.snapshot import SampleSink
 from tests.conftest import REPO
 
 DATA = REPO / "tests" / "data" / "ray"
@@ -262,8 +262,8 @@ def test_workers_the_dashboard_does_not_name_are_idle_or_unknown():
 def test_ray_series_never_carry_the_labels_sd_puts_on_targets():
     """Prometheus would rename a series label that a target also has (exported_role), so series say
     node_id / node_role / process_role / cluster_name where /sd says ray_node_id / role / cluster."""
-    from exporter.catalog import CATALOG
-    from exporter.collector import load_collectors
+    from exporter.framework.catalog import CATALOG
+    from exporter.framework.collector import load_collectors
 
     load_collectors()
     ours = [s for s in CATALOG if s.collector in ("ray", "ray_head", "ray_processes", "train")]
@@ -272,7 +272,7 @@ def test_ray_series_never_carry_the_labels_sd_puts_on_targets():
 
 
 def test_the_exporter_never_imports_ray():
-    code = ("import sys\nfrom exporter.server import Exporter\nfrom exporter.config import load_config\n"
+    code = ("import sys\nfrom exporter.serving.server import Exporter\nfrom exporter.config import load_config\n"
             "Exporter(load_config({}, environ={}))\nimport exporter.progress\n"
             "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
@@ -342,7 +342,7 @@ def test_process_cpu_counters_keep_what_exited_processes_used_and_end_with_the_g
 def test_actors_get_their_role_from_their_class_and_the_roles_gpus_are_averaged():
     from exporter.collectors.ray.process_collector import PROCESSES, ROLE_GPU_SM, ROLE_GPUS, RayProcessesCollector
     from exporter.config import load_config
-    from exporter.shared import GpuProcessUsage, Shared
+    from exporter.framework.shared import GpuProcessUsage, Shared
 
     config = load_config({}, environ={})
     shared = Shared.for_config(config)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from exporter import __version__
-from exporter.manifests import DEFAULT_IMAGE
+from launcher.deploy.manifests import DEFAULT_IMAGE
 from scripts import release_check
 from tests.conftest import REPO
 

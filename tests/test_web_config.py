@@ -21,9 +21,9 @@ import pytest
 import trustme
 from cryptography import x509
 
-from exporter import webconfig
 from exporter.config import ConfigError
-from exporter.webconfig import BasicAuth, bcrypt_cost, build_ssl_context, config_warnings, load_web_config
+from exporter.serving import webconfig
+from exporter.serving.webconfig import BasicAuth, bcrypt_cost, build_ssl_context, config_warnings, load_web_config
 from tests.conftest import REPO, exporter_command, free_port, http_get, wait_until
 
 PASSWORD = "s3cret-scrape"
@@ -371,7 +371,7 @@ tls_server_config:
 def test_basic_auth_over_plain_http_is_warned_about_once(tmp_path, caplog):
     path = tmp_path / "web.yml"
     path.write_text(f"basic_auth_users:\n  prometheus: '{bcrypt_hash(PASSWORD)}'\n")
-    with caplog.at_level(logging.WARNING, logger="exporter.webconfig"):
+    with caplog.at_level(logging.WARNING, logger="exporter.serving.webconfig"):
         config = load_web_config(path)
         load_web_config(path)
     said = [record.getMessage() for record in caplog.records if "clear text" in record.getMessage()]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.catalog import MetricSpec, counter
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import MetricSpec, counter
+from exporter.framework.snapshot import SampleSink
 
 RESOURCES = ("cpu", "memory", "io")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from prometheus_client import ProcessCollector
 
-from exporter.catalog import MetricSpec, counter, gauge
-from exporter.collector import BlockingCollector, register
 from exporter.config import ExporterConfig
-from exporter.shared import Shared
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import MetricSpec, counter, gauge
+from exporter.framework.collector import BlockingCollector, register
+from exporter.framework.shared import Shared
+from exporter.framework.snapshot import SampleSink
 
 NAME = "self"
 

@@ -5,7 +5,7 @@ rules and dashboards select on, like a monitoring mixin's `_config` (kubernetes-
     LabelContract(cluster="ray_io_cluster")        # KubeRay's own PodMonitor names the Ray cluster so
     PROFILES["kuberay"]                            # the same, as one switch
 
-One object, read by `alerts.build`, `dashboards.build` and `exporter manifests` (DESIGN.md, "One label
+One object, read by `alerts.build`, `dashboards.build` and `launcher exporters manifests` (DESIGN.md, "One label
 contract"). The rules and boards are written once, with the default names; a contract maps their
 rendered form onto its own names here, in one place, so no rule, legend, variable or data link can
 keep the old name: label matchers, `by`/`without`/`on`/`ignoring`/`group_*` lists, the label arguments

@@ -2,7 +2,7 @@
 
 In the node-exporter-companion profile (exporter/profiles.py) a node's exporter does not read CPU,
 memory, vmstat, disks, network or pressure; node_exporter on the same host does, and the head's
-/sd gives it the node's `cluster` and `node` labels (exporter/nodeexporter_sd.py). A panel that
+/sd gives it the node's `cluster` and `node` labels (exporter/serving/nodeexporter_sd.py). A panel that
 reads one of those families writes its query twice, ours and node_exporter's, with the same
 labels in the result, and `either` picks per node:
 

@@ -30,8 +30,8 @@ from aiohttp import web
 
 from exporter.config import LISTEN_OFF, ProgressSettings, parse_listen
 from exporter.contract import wire
-from exporter.guard import Guard, GuardedTCPSite, GuardedUnixSite, runner_options
 from exporter.progress.store import ProgressStore, Rejected, Report, owner, parse_batch
+from exporter.serving.guard import Guard, GuardedTCPSite, GuardedUnixSite, runner_options
 
 log = logging.getLogger(__name__)
 PATH = wire.PROGRESS_PATH

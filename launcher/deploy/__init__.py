@@ -1,6 +1,7 @@
 """Observe an existing Ray cluster in one command: `launcher exporters deploy` puts a raypulse
 exporter on every node, placed by Ray itself, and `launcher prometheus-config` points Prometheus
-at them. See docs/deploy.md.
+at them. See docs/deploy.md. On Kubernetes, `launcher exporters manifests` renders the exporter's
+DaemonSet with the rules and dashboards beside it instead (manifests.py, docs/kubernetes.md).
 
 Design, in short:
 - Placement: one detached, zero-CPU actor per node (`raypulse_agent.node.NodeExporter`), pinned

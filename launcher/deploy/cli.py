@@ -1,5 +1,6 @@
 """`launcher exporters deploy|status|remove` and `launcher prometheus-config`: observe an existing
-Ray cluster (its dashboard URL and token, as for `launcher submit --address`)."""
+Ray cluster (its dashboard URL and token, as for `launcher submit --address`). `launcher exporters
+manifests` (manifests_cli.py) renders the same exporters for a Kubernetes cluster's nodes instead."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from exporter.config import ConfigError
 from exporter.contract import wire
 from exporter.outputflag import format_option
 from launcher.deploy import prometheus_scale, remote
+from launcher.deploy.manifests_cli import manifests
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
 from launcher.failing import fail
@@ -39,7 +41,11 @@ def _client(action: str, address: str, token_path: Path | None) -> JobsClient:
 
 @click.group(name="exporters")
 def exporters_group() -> None:
-    """One raypulse exporter on every node of an existing Ray cluster, placed and kept by Ray."""
+    """One raypulse exporter on every node: of an existing Ray cluster, placed and kept by Ray (deploy, status,
+    remove), or of a Kubernetes cluster, as a DaemonSet with its monitoring objects (manifests)."""
+
+
+exporters_group.add_command(manifests)
 
 
 @exporters_group.command()

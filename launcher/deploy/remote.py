@@ -96,7 +96,7 @@ class WebBundle:
 def web_config_bundle(path: Path) -> WebBundle:
     """Check the user's web config and bundle it with its certificates; with basic auth, add the
     launcher's own user. Raises ConfigError (naming the file) for one that cannot work."""
-    from exporter.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
+    from exporter.serving.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
 
     config = load_web_config(path)
     data = read_yaml_file(path, "web config file")

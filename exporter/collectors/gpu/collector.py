@@ -25,7 +25,6 @@ from typing import Any
 import pynvml
 from pynvml import NVMLError
 
-from exporter.collector import BlockingCollector, register
 from exporter.collectors.gpu import (
     clocks,
     ecc,
@@ -56,8 +55,9 @@ from exporter.collectors.gpu.reader import (
 from exporter.collectors.gpu.session import NvmlSession
 from exporter.collectors.gpu.xid_watcher import WatchedGpu, XidWatcher
 from exporter.config import ExporterConfig
-from exporter.shared import NO_PROCESSES, GpuProcessUsage, Shared
-from exporter.snapshot import SampleSink
+from exporter.framework.collector import BlockingCollector, register
+from exporter.framework.shared import NO_PROCESSES, GpuProcessUsage, Shared
+from exporter.framework.snapshot import SampleSink
 
 # Static reads go in this order: gpm and processes use what nvlink's static read found.
 AREAS = (inventory.AREA, utilization.AREA, memory.AREA, clocks.AREA, thermal.AREA, power.AREA, pcie.AREA,

@@ -7,10 +7,10 @@ runs on the event loop and never touches NVML.
 
 from __future__ import annotations
 
-from exporter.catalog import counter, gauge
-from exporter.collector import AsyncCollector, register
 from exporter.collectors.gpu.families import GPU_LABELS
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import counter, gauge
+from exporter.framework.collector import AsyncCollector, register
+from exporter.framework.snapshot import SampleSink
 
 NAME = "gpu_events"
 _AFTER_EVENT = "after the GPU reported such an event since the exporter started"

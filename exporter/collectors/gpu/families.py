@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from exporter.catalog import MetricSpec, counter, gauge, info
+from exporter.framework.catalog import MetricSpec, counter, gauge, info
 
 COLLECTOR = "gpu"
 GPU_LABELS = ("gpu", "uuid")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from exporter.catalog import counter, gauge, info
 from exporter.collectors.gpu.device import GpuDevice
 from exporter.collectors.gpu.families import COLLECTOR, gpu_gauge
 from exporter.collectors.gpu.reader import NvmlErrors
 from exporter.collectors.gpu.session import NvmlSession
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import counter, gauge, info
+from exporter.framework.snapshot import SampleSink
 
 NVML_UP = gauge("raypulse_gpu_nvml_up", "1 if NVML is initialized; 0 on a node without an NVIDIA driver, or "
                 "while initialization fails (see raypulse_gpu_nvml_init_failures_total).", collector=COLLECTOR)

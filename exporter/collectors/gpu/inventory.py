@@ -7,9 +7,9 @@ import ctypes
 
 import pynvml
 
-from exporter.catalog import gauge
 from exporter.collectors.gpu.families import COLLECTOR, gpu_counter, gpu_gauge, gpu_info, unsupported_on
 from exporter.collectors.gpu.reader import Area, DeviceReader
+from exporter.framework.catalog import gauge
 
 _ENUMERATED = "for every GPU enumerated since the exporter started, lost ones included"
 

@@ -11,10 +11,10 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from exporter.catalog import gauge
 from exporter.collectors.gpu.families import COLLECTOR, gpu_gauge, gpu_info
 from exporter.collectors.gpu.reader import Area, DeviceReader, Sink
-from exporter.shared import GpuProcessUsage
+from exporter.framework.catalog import gauge
+from exporter.framework.shared import GpuProcessUsage
 
 _MAX_NAME = 64
 _WITH_PROCESSES = "while a process uses the GPU"

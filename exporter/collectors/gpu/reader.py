@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import pynvml
 from pynvml import NVMLError
 
-from exporter.catalog import MetricSpec
 from exporter.collectors.gpu.device import GpuDevice, Recorded
+from exporter.framework.catalog import MetricSpec
 
 FieldId = tuple[int, int]  # (NVML_FI_* id, scope: a link index, or ALL_LINKS)
 ALL_LINKS = 0xFFFFFFFF

@@ -24,7 +24,7 @@ import pynvml
 from pynvml import NVMLError
 
 from exporter.collectors.gpu.reader import error_name
-from exporter.shared import GpuEvents
+from exporter.framework.shared import GpuEvents
 
 log = logging.getLogger(__name__)
 

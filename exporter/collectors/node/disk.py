@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 
-from exporter.catalog import counter, gauge
-from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_text
 from exporter.config import ExporterConfig
-from exporter.shared import Shared
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import counter, gauge
+from exporter.framework.collector import BlockingCollector, register
+from exporter.framework.shared import Shared
+from exporter.framework.snapshot import SampleSink
 
 NAME = "disk"
 _SECTOR_BYTES = 512  # diskstats counts 512-byte sectors whatever the device's sector size

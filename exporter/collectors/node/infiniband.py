@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter.catalog import counter, gauge, info
-from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_int, read_text
 from exporter.config import ExporterConfig
-from exporter.shared import Shared
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import counter, gauge, info
+from exporter.framework.collector import BlockingCollector, register
+from exporter.framework.shared import Shared
+from exporter.framework.snapshot import SampleSink
 
 NAME = "infiniband"
 _LABELS = ("device", "port")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from exporter.catalog import gauge
-from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_key_values
 from exporter.config import ExporterConfig
-from exporter.shared import Shared
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import gauge
+from exporter.framework.collector import BlockingCollector, register
+from exporter.framework.shared import Shared
+from exporter.framework.snapshot import SampleSink
 
 NAME = "memory"
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_pressure
 from exporter.collectors.psi import RESOURCES, PressureFamilies
 from exporter.config import ExporterConfig
-from exporter.shared import Shared
-from exporter.snapshot import SampleSink
+from exporter.framework.collector import BlockingCollector, register
+from exporter.framework.shared import Shared
+from exporter.framework.snapshot import SampleSink
 
 NAME = "pressure"
 _PSI = "on kernels with pressure stall information (4.20+, not booted with psi=0)"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 
-from exporter.catalog import counter
-from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_key_values
 from exporter.config import ExporterConfig
-from exporter.shared import Shared
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import counter
+from exporter.framework.collector import BlockingCollector, register
+from exporter.framework.shared import Shared
+from exporter.framework.snapshot import SampleSink
 
 NAME = "vmstat"
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")

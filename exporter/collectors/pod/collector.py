@@ -7,14 +7,14 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from exporter.catalog import counter, gauge, info
-from exporter.collector import BlockingCollector, register
 from exporter.collectors.files import read_text
 from exporter.collectors.pod.cgroup import CgroupLocation, CgroupStats, locate, read_stats
 from exporter.collectors.psi import PressureFamilies
 from exporter.config import ExporterConfig
-from exporter.shared import Shared
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import counter, gauge, info
+from exporter.framework.collector import BlockingCollector, register
+from exporter.framework.shared import Shared
+from exporter.framework.snapshot import SampleSink
 
 NAME = "pod"
 _LIMITED = "only when the cgroup has a limit"

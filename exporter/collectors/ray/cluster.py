@@ -25,11 +25,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.catalog import gauge
 from exporter.collectors.ray.dashboard import INLINE_JSON_BYTES, Cuts, DashboardError, DashboardSession, StateList
 from exporter.collectors.ray.jobs import NAME, STATES, Job, enum_value
 from exporter.collectors.ray.localray import warn_once
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import gauge
+from exporter.framework.snapshot import SampleSink
 
 _HEAD = "on the head node while the Ray dashboard answers"
 NODE_STATES = ("ALIVE", "DEAD")

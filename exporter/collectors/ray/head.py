@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.catalog import counter
-from exporter.collector import AsyncCollector, register
 from exporter.collectors.ray import cluster, job_workload, jobs
 from exporter.collectors.ray.dashboard import Cuts, DashboardError, StateList, connect
 from exporter.collectors.ray.localray import LocalRay, Raylet
@@ -33,8 +31,10 @@ from exporter.collectors.ray.process_info import start_time
 from exporter.collectors.ray.sd import DeployedExporters, target_groups
 from exporter.config import ExporterConfig
 from exporter.contract import wire
-from exporter.shared import ServiceDiscovery, Shared
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import counter
+from exporter.framework.collector import AsyncCollector, register
+from exporter.framework.shared import ServiceDiscovery, Shared
+from exporter.framework.snapshot import SampleSink
 
 NAME = jobs.NAME
 _RAY_DOWN = ("unreachable", "timeout")

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from exporter.catalog import counter, gauge, info
-from exporter.collector import AsyncCollector, register
 from exporter.collectors.ray.dashboard import ERROR_KINDS, DashboardError, connect
 from exporter.collectors.ray.localray import LocalRay
 from exporter.config import ExporterConfig
-from exporter.shared import Shared
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import counter, gauge, info
+from exporter.framework.collector import AsyncCollector, register
+from exporter.framework.shared import Shared
+from exporter.framework.snapshot import SampleSink
 
 NAME = "ray"
 _UP = "while the Ray dashboard answers"

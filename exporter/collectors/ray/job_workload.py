@@ -32,10 +32,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from exporter.catalog import gauge
 from exporter.collectors.ray.dashboard import SOURCE_LIMIT, Cuts, DashboardError, DashboardSession, Filter, StateList
 from exporter.collectors.ray.jobs import JOB_LABELS, NAME, Job, enum_value
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import gauge
+from exporter.framework.snapshot import SampleSink
 
 FETCHES_PER_RUN = 8  # jobs read per run; a cold start with a long history spreads over runs
 SETTLE_SECONDS = 30.0

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.catalog import gauge, info
 from exporter.contract import wire
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import gauge, info
+from exporter.framework.snapshot import SampleSink
 
 NAME = "ray_head"  # the head collector emits these families
 STATES = ("PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED")

@@ -14,8 +14,6 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from exporter.catalog import counter, gauge
-from exporter.collector import AsyncCollector, register
 from exporter.collectors.ray import job_output, process_owners
 from exporter.collectors.ray.actor_roles import NO_ROLE, ActorRoles
 from exporter.collectors.ray.dashboard import DashboardError, connect
@@ -24,8 +22,10 @@ from exporter.collectors.ray.localray import LocalRay, Raylet
 from exporter.collectors.ray.process_info import Proc, all_processes
 from exporter.collectors.ray.process_owners import Identity
 from exporter.config import ExporterConfig
-from exporter.shared import Shared
-from exporter.snapshot import SampleSink
+from exporter.framework.catalog import counter, gauge
+from exporter.framework.collector import AsyncCollector, register
+from exporter.framework.shared import Shared
+from exporter.framework.snapshot import SampleSink
 
 NAME = "ray_processes"
 

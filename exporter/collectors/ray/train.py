@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import asyncio
 
-from exporter.catalog import counter, gauge
-from exporter.collector import AsyncCollector, register
 from exporter.collectors.ray.dashboard import DashboardError, connect
 from exporter.collectors.ray.job_ids import JobDirectory
 from exporter.collectors.ray.localray import LocalRay
 from exporter.config import ExporterConfig
+from exporter.framework.catalog import counter, gauge
+from exporter.framework.collector import AsyncCollector, register
+from exporter.framework.shared import Shared
+from exporter.framework.snapshot import SampleSink
 from exporter.progress import store as progress_store
 from exporter.progress.store import FLOAT_FIELDS, REJECT_REASONS, JobKey, RankState, RLState, StoreView
-from exporter.shared import Shared
-from exporter.snapshot import SampleSink
 
 NAME = "train"
 _REPORTED = "while a rank of a job reports progress"

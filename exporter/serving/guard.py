@@ -26,9 +26,10 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter import httplog, selfmetrics
 from exporter.config import HttpSettings
-from exporter.snapshot import SampleSink
+from exporter.framework import selfmetrics
+from exporter.framework.snapshot import SampleSink
+from exporter.serving import httplog
 
 BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
         b"Content-Length: 33\r\n\r\ntoo many connections; try again\r\n")

@@ -10,7 +10,7 @@ the bytes for its format. Only formats scraped in the last few minutes are assem
 assembles it once, in a worker thread like every rendering: the event loop never renders and
 never waits on the chunk cache's lock.
 
-A selection (`/metrics?name[]=...`, exporter/server.py) is the same body with only the named families:
+A selection (`/metrics?name[]=...`, exporter/serving/server.py) is the same body with only the named families:
 made from the same per-family chunks (only the named ones are encoded), once per change of the served
 snapshots for each set asked for, when it is first asked for after the change, and kept in a
 least-recently-used cache bounded over all clients (MAX_SELECTIONS renderings, MAX_SELECTION_BYTES).
@@ -34,8 +34,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 
-from exporter.catalog import MetricSpec, MetricType
-from exporter.snapshot import Series, Snapshot
+from exporter.framework.catalog import MetricSpec, MetricType
+from exporter.framework.snapshot import Series, Snapshot
 
 # Fast compression: the bytes go over loopback or a LAN and are re-made on every change.
 GZIP_LEVEL = 1
@@ -97,7 +97,7 @@ class _Families:
 _OPENMETRICS_EOF = b"# EOF\n"
 # prometheus_client >= 0.22 escapes every sample's name character by character (its default, "underscores",
 # maps characters outside the legacy set to _), which is most of an OpenMetrics encoding's CPU. Every name
-# in the catalog is in the legacy set (exporter/catalog.py checks), where "allow-utf-8" gives the same bytes
+# in the catalog is in the legacy set (exporter/framework/catalog.py checks), where "allow-utf-8" gives the same bytes
 # with a str.replace: a quarter of the CPU (tests/test_footprint.py holds the bytes equal).
 _OPENMETRICS_OPTIONS = ({"escaping": openmetrics.ALLOWUTF8}
                         if "escaping" in inspect.signature(openmetrics.generate_latest).parameters else {})
@@ -246,7 +246,7 @@ class Publisher:
         self._max_selections = max_selections
         self._max_selection_bytes = max_selection_bytes
         # Selections being rendered, by set, format and the rendering they select from: a burst of the same
-        # request waits on one (bounded by the scrapes served at once, exporter/guard.py).
+        # request waits on one (bounded by the scrapes served at once, exporter/serving/guard.py).
         self._selecting: dict[tuple[frozenset[str], Format, int], asyncio.Future[Rendering]] = {}
         self.renders = 0  # renderings of the served snapshots so far: which ones a selection was made from
         self.selections_rendered = 0

@@ -5,7 +5,7 @@ threads, health and errors (node_exporter's `registerCollector` + `execute` spli
 Blocking collectors (procfs, sysfs, NVML) implement `collect` and run in a thread of their
 own; collectors that talk HTTP implement `AsyncCollector.collect` as a coroutine.
 
-What a collector gets from the framework: the configuration, and `Shared` (exporter/shared.py),
+What a collector gets from the framework: the configuration, and `Shared` (exporter/framework/shared.py),
 the typed slots through which the exporter's parts hand each other data (the GPU process table,
 the XID counts, the training progress store, the /sd targets). A collector never reaches into
 another collector.
@@ -19,10 +19,10 @@ import pkgutil
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from exporter.config import ExporterConfig
-from exporter.shared import Shared
+from exporter.framework.shared import Shared
 
 if TYPE_CHECKING:
-    from exporter.snapshot import SampleSink
+    from exporter.framework.snapshot import SampleSink
 
 
 class Collector(abc.ABC):
@@ -69,7 +69,7 @@ def register(cls: C) -> C:
 def load_collectors() -> dict[str, type[Collector]]:
     """Import every module under exporter.collectors so each registers itself and its families."""
     import exporter.collectors as package
-    import exporter.selfmetrics  # noqa: F401  (the framework's own families)
+    import exporter.framework.selfmetrics  # noqa: F401  (the framework's own families)
 
     for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         importlib.import_module(module.name)

@@ -30,10 +30,10 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 
 from exporter import __version__, redact
-from exporter.catalog import CATALOG, MetricSpec, MetricType
 from exporter.config import OtlpSettings
-from exporter.selfmetrics import OTLP_DROPPED_POINTS, OTLP_EXPORTS, OTLP_LAST_SUCCESS
-from exporter.snapshot import SampleSink, Series, Snapshot
+from exporter.framework.catalog import CATALOG, MetricSpec, MetricType
+from exporter.framework.selfmetrics import OTLP_DROPPED_POINTS, OTLP_EXPORTS, OTLP_LAST_SUCCESS
+from exporter.framework.snapshot import SampleSink, Series, Snapshot
 
 UCUM_UNITS = {"seconds": "s", "bytes": "By", "celsius": "Cel", "watts": "W", "joules": "J", "hertz": "Hz",
               "ratio": "1", "volts": "V", "amperes": "A"}

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from exporter.catalog import MetricSpec
+from exporter.framework.catalog import MetricSpec
 
 LabelValues = tuple[str, ...]
 Series = tuple[tuple[LabelValues, float], ...]

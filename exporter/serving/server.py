@@ -9,9 +9,9 @@
                node_exporter, when node_exporter.discover says so)
 
 It also owns the training progress endpoint (a listener of its own, exporter/progress/endpoint.py)
-and the OTLP pusher. What the parts hand each other goes through `Shared` (exporter/shared.py).
-Both ports are bounded by one `Guard` (exporter/guard.py: connections, idle and slow clients,
-scrapes at once); client mistakes are 4xx and counted (exporter/httplog.py), never a 500.
+and the OTLP pusher. What the parts hand each other goes through `Shared` (exporter/framework/shared.py).
+Both ports are bounded by one `Guard` (exporter/serving/guard.py: connections, idle and slow clients,
+scrapes at once); client mistakes are 4xx and counted (exporter/serving/httplog.py), never a 500.
 """
 
 from __future__ import annotations
@@ -30,22 +30,23 @@ from aiohttp import web
 from aiohttp.helpers import ETAG_ANY, ETag
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
-from exporter import __version__, httplog, redact
-from exporter.catalog import CATALOG
-from exporter.collector import Collector
+from exporter import __version__, redact
 from exporter.config import ExporterConfig, parse_listen
 from exporter.contract import wire
-from exporter.exposition import Format, Publisher
-from exporter.guard import Guard, GuardedTCPSite, runner_options
-from exporter.nodeexporter_sd import node_exporter_groups
+from exporter.framework.catalog import CATALOG
+from exporter.framework.collector import Collector
+from exporter.framework.scheduler import Scheduler
+from exporter.framework.shared import Shared
 from exporter.plugins import enabled_collectors
 from exporter.progress.endpoint import ProgressEndpoint
-from exporter.scheduler import Scheduler
-from exporter.shared import Shared
+from exporter.serving import httplog
+from exporter.serving.exposition import Format, Publisher
+from exporter.serving.guard import Guard, GuardedTCPSite, runner_options
+from exporter.serving.nodeexporter_sd import node_exporter_groups
 
 if TYPE_CHECKING:
-    from exporter.otlp import OtlpPusher
-    from exporter.webconfig import Middleware, WebConfig
+    from exporter.serving.otlp import OtlpPusher
+    from exporter.serving.webconfig import Middleware, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +74,15 @@ class Exporter:
     def __init__(self, config: ExporterConfig, collectors: Sequence[Collector] | None = None,
                  web_config: WebConfig | None = None, shared: Shared | None = None) -> None:
         self.config = config
-        # exporter.webconfig (its models are ~1 MB) is loaded only where a web config is given.
+        # exporter.serving.webconfig (its models are ~1 MB) is loaded only where a web config is given.
         if web_config is None and config.web_config_file is not None:
-            from exporter.webconfig import load_web_config
+            from exporter.serving.webconfig import load_web_config
 
             web_config = load_web_config(config.web_config_file)
         self.web_config = web_config  # None: plain HTTP, no auth
         self._ssl: ssl.SSLContext | None = None
         if web_config is not None and web_config.tls_server_config:
-            from exporter.webconfig import ssl_context
+            from exporter.serving.webconfig import ssl_context
 
             self._ssl = ssl_context(web_config.tls_server_config)
         self.shared = shared or Shared.for_config(config)
@@ -105,7 +106,7 @@ class Exporter:
         # by them never holds one of the scrape slots.
         configured: list[Middleware] = []
         if self.web_config is not None:
-            from exporter.webconfig import middlewares
+            from exporter.serving.webconfig import middlewares
 
             configured = middlewares(self.web_config)
         app = web.Application(middlewares=[*configured, self.guard.scrape_limit()])
@@ -139,7 +140,7 @@ class Exporter:
         url = self.config.otlp.url(os.environ)
         if url is None:
             return
-        from exporter.otlp import OtlpPusher  # opentelemetry is only loaded when OTLP is on
+        from exporter.serving.otlp import OtlpPusher  # opentelemetry is only loaded when OTLP is on
 
         publisher = self.publisher
         self._otlp = OtlpPusher(self.config.otlp, url, cluster=self.config.cluster,

@@ -6,7 +6,7 @@ These families are filled by the scheduler from its own bookkeeping at render ti
 
 from __future__ import annotations
 
-from exporter.catalog import counter, gauge, info
+from exporter.framework.catalog import counter, gauge, info
 
 EXPORTER = "exporter"
 

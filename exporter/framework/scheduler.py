@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import version
 
-from exporter import __version__, selfmetrics
-from exporter.collector import AsyncCollector, BlockingCollector, Collector
+from exporter import __version__
 from exporter.config import ExporterConfig
-from exporter.snapshot import SampleSink, Snapshot
+from exporter.framework import selfmetrics
+from exporter.framework.collector import AsyncCollector, BlockingCollector, Collector
+from exporter.framework.snapshot import SampleSink, Snapshot
 
 log = logging.getLogger(__name__)
 
