@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from exporter import httplog, selfmetrics
+from exporter.binding import REUSE_ADDRESS
 from exporter.config import HttpSettings
 from exporter.snapshot import SampleSink
 
@@ -183,10 +184,10 @@ def backlog(asked: int, guard: Guard) -> int:
 
 
 class GuardedTCPSite(web.TCPSite):
-    """aiohttp's TCPSite (its start() with the protocol factory guarded)."""
+    """aiohttp's TCPSite (its start() with the protocol factory guarded), bound as exporter/binding.py says."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, guard: Guard, **kwargs: Any) -> None:
-        super().__init__(runner, host, port, **kwargs)
+        super().__init__(runner, host, port, reuse_address=REUSE_ADDRESS, **kwargs)
         self._guard = guard
 
     async def start(self) -> None:
