@@ -4,7 +4,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
-APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter chromium
+# Each command the tests need and the Debian package it comes from (COMMAND:PACKAGE).
+SYSTEM_DEPS := prometheus:prometheus promtool:prometheus prometheus-alertmanager:prometheus-alertmanager \
+	amtool:prometheus-alertmanager prometheus-node-exporter:prometheus-node-exporter chromium:chromium
 
 .PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint bench-progress bench-selection bench-scale docs dashboards \
 	alerts drill rl-drill heal-drill heal-soak release-check clean
@@ -18,14 +20,16 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # Real Prometheus, promtool, Alertmanager and node_exporter for the tests and the benchmark; Debian's
-# chromium (headless) for the run report's browser test.
+# chromium (headless) for the run report's browser test. Only the packages of missing commands: Ubuntu has
+# no chromium package (a snap), and GitHub's Ubuntu runners bring their own /usr/bin/chromium.
 system-deps:
-	@missing=""; for bin in prometheus promtool prometheus-alertmanager amtool prometheus-node-exporter chromium; do \
-		command -v $$bin >/dev/null 2>&1 || missing="$$missing $$bin"; done; \
-	if [ -n "$$missing" ]; then \
-		echo "installing $(APT_PACKAGES) (missing:$$missing)"; \
+	@packages=""; for dep in $(SYSTEM_DEPS); do \
+		command -v $${dep%%:*} >/dev/null 2>&1 || case " $$packages " in *" $${dep#*:} "*) ;; *) packages="$$packages $${dep#*:}";; esac; \
+	done; \
+	if [ -n "$$packages" ]; then \
+		echo "installing$$packages"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$packages; \
 	fi
 
 # The main job: `launcher submit` of examples/train.py on a local Ray cluster with simulated GPUs,
