@@ -72,10 +72,16 @@ bench-progress: install
 bench-selection: install system-deps
 	$(PY) -m bench.selection
 
-# raypulse at cluster scale (issue 26), beside HEAD's code: docs/scale.md.
+# raypulse at cluster scale (issue 26), beside a named commit's code: docs/scale.md. SCALE_BASE_REF is the
+# last release tag or, while there is none, d7c1984 (the code before issue 26: docs/scale.md's baseline
+# columns); SCALE_BASE_REF=<commit> for another. Never HEAD: committed, that is the code under test.
+SCALE_BASE_REF ?= $(shell git describe --tags --abbrev=0 2>/dev/null || echo d7c19846b99ae53c94affb36003aff9871974dcb)
 SCALE_BASE ?= /tmp/raypulse-scale-base
 bench-scale: install
-	rm -rf $(SCALE_BASE) && mkdir -p $(SCALE_BASE) && git archive HEAD | tar -x -C $(SCALE_BASE)
+	@git rev-parse --verify --quiet '$(SCALE_BASE_REF)^{commit}' >/dev/null || { echo "bench-scale: \
+	SCALE_BASE_REF=$(SCALE_BASE_REF) is not a commit of this clone (a shallow one? git fetch --unshallow); \
+	pass SCALE_BASE_REF=<commit>" >&2; exit 2; }
+	rm -rf $(SCALE_BASE) && mkdir -p $(SCALE_BASE) && git archive '$(SCALE_BASE_REF)' | tar -x -C $(SCALE_BASE)
 	$(PY) -m bench.scale --section launcher --sizes 10,100,500,2000 --baseline $(SCALE_BASE)
 	$(PY) -m bench.scale --section prometheus --sizes 50,200,400
 
