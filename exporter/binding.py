@@ -9,6 +9,7 @@ A listener on the port still refuses the bind, with or without it.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 REUSE_ADDRESS = True
 
@@ -24,8 +25,10 @@ def can_listen(host: str, port: int) -> bool:
         server.close()
         await server.wait_closed()
 
-    try:
-        asyncio.run(bind())
-    except OSError:
-        return False
+    # In a thread of its own: the caller may be running an event loop (the launcher's API in a notebook).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="can-listen") as thread:
+        try:
+            thread.submit(asyncio.run, bind()).result()
+        except OSError:
+            return False
     return True

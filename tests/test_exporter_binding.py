@@ -4,6 +4,7 @@ closed (TIME-WAIT, 60 s after the last run's exporter went away) do not."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Iterator
 
@@ -44,3 +45,13 @@ def test_a_port_with_only_connections_in_time_wait_is_free(listener: socket.sock
     assert can_listen("0.0.0.0", port)
     assert can_listen("127.0.0.1", port)
 
+
+
+def test_the_check_runs_beside_a_running_event_loop(listener: socket.socket):
+    """launcher.submit() called where an event loop runs (a notebook) asks it too."""
+    port = listener.getsockname()[1]
+
+    async def ask() -> tuple[bool, bool]:
+        return can_listen("127.0.0.1", port), can_listen("127.0.0.1", free_port())
+
+    assert asyncio.run(ask()) == (False, True)
