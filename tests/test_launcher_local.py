@@ -193,12 +193,14 @@ def test_a_second_submit_on_the_default_ports_starts_while_the_firsts_connection
     first = start_launcher("submit", "--run-id", "back-1", "--workers", "1", "--",
                            f"while [ ! -e {go} ]; do sleep 0.2; done; echo ok", home=home)
     record = home / "clusters" / "back-1" / "cluster.json"
-    wait_until(lambda: record.exists(), 120, "the first run's cluster record")
-    head = json.loads(record.read_text())["exporters"][0]["url"]
-    wait_until(lambda: http_get(head + "/healthz")[0] == 200, 120, "the first run's head exporter")
-    assert head.endswith(f":{wire.EXPORTER_PORT}")  # the default ports
+
+    def head() -> str:  # the record names the node's IP once Ray reports it: the exporter listens there
+        return json.loads(record.read_text())["exporters"][0]["url"]
+
+    wait_until(lambda: http_get(head() + "/healthz")[0] == 200, 180, "the first run's head exporter")
+    assert head().endswith(f":{wire.EXPORTER_PORT}")  # the default ports
     # A connection the exporter closes (HTTP/1.0): its end is in TIME-WAIT once the run is over.
-    closed_by_server(urllib.parse.urlsplit(head).hostname, wire.EXPORTER_PORT, b"GET /healthz HTTP/1.0\r\n\r\n")
+    closed_by_server(urllib.parse.urlsplit(head()).hostname, wire.EXPORTER_PORT, b"GET /healthz HTTP/1.0\r\n\r\n")
     go.touch()
     stdout, stderr = first.communicate(timeout=240)
     assert first.returncode == 0, stderr
