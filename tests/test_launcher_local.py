@@ -197,12 +197,15 @@ def test_a_second_submit_on_the_default_ports_starts_while_the_firsts_connection
     def head() -> str:  # the record names the node's IP once Ray reports it: the exporter listens there
         return json.loads(record.read_text())["exporters"][0]["url"]
 
-    wait_until(lambda: http_get(head() + "/healthz")[0] == 200, 180, "the first run's head exporter")
-    assert head().endswith(f":{wire.EXPORTER_PORT}")  # the default ports
-    # A connection the exporter closes (HTTP/1.0): its end is in TIME-WAIT once the run is over.
-    closed_by_server(urllib.parse.urlsplit(head()).hostname, wire.EXPORTER_PORT, b"GET /healthz HTTP/1.0\r\n\r\n")
-    go.touch()
-    stdout, stderr = first.communicate(timeout=240)
+    try:
+        wait_until(lambda: http_get(head() + "/healthz")[0] == 200, 180, "the first run's head exporter")
+        assert head().endswith(f":{wire.EXPORTER_PORT}")  # the default ports
+        # A connection the exporter closes (HTTP/1.0): its end is in TIME-WAIT once the run is over.
+        closed_by_server(urllib.parse.urlsplit(head()).hostname, wire.EXPORTER_PORT,
+                         b"GET /healthz HTTP/1.0\r\n\r\n")
+    finally:
+        go.touch()  # the job ends, and the run with it (its cluster torn down), whatever happened above
+        stdout, stderr = first.communicate(timeout=240)
     assert first.returncode == 0, stderr
     assert "ok" in stdout.splitlines()
     assert wire.EXPORTER_PORT in time_wait_ports(), "no TIME-WAIT left on the port: nothing to show"
