@@ -197,8 +197,13 @@ def test_a_second_submit_on_the_default_ports_starts_while_the_firsts_connection
     def head() -> str:  # the record names the node's IP once Ray reports it: the exporter listens there
         return json.loads(record.read_text())["exporters"][0]["url"]
 
+    def head_answers() -> bool:
+        # An AssertionError, not an OSError: it ends the wait.
+        assert first.poll() is None, f"the first run ended early: {first.stderr.read()}"
+        return http_get(head() + "/healthz")[0] == 200
+
     try:
-        wait_until(lambda: http_get(head() + "/healthz")[0] == 200, 180, "the first run's head exporter")
+        wait_until(head_answers, 180, "the first run's head exporter")
         assert head().endswith(f":{wire.EXPORTER_PORT}")  # the default ports
         # A connection the exporter closes (HTTP/1.0): its end is in TIME-WAIT once the run is over.
         closed_by_server(urllib.parse.urlsplit(head()).hostname, wire.EXPORTER_PORT,
