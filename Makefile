@@ -4,7 +4,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
-APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter chromium
+# Each command the tests need and the Debian package it comes from (COMMAND:PACKAGE).
+SYSTEM_DEPS := prometheus:prometheus promtool:prometheus prometheus-alertmanager:prometheus-alertmanager \
+	amtool:prometheus-alertmanager prometheus-node-exporter:prometheus-node-exporter chromium:chromium
 
 .PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint bench-progress bench-selection bench-scale docs dashboards \
 	alerts drill rl-drill heal-drill heal-soak release-check clean
@@ -18,14 +20,16 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # Real Prometheus, promtool, Alertmanager and node_exporter for the tests and the benchmark; Debian's
-# chromium (headless) for the run report's browser test.
+# chromium (headless) for the run report's browser test. Only the packages of missing commands: Ubuntu has
+# no chromium package (a snap), and GitHub's Ubuntu runners bring their own /usr/bin/chromium.
 system-deps:
-	@missing=""; for bin in prometheus promtool prometheus-alertmanager amtool prometheus-node-exporter chromium; do \
-		command -v $$bin >/dev/null 2>&1 || missing="$$missing $$bin"; done; \
-	if [ -n "$$missing" ]; then \
-		echo "installing $(APT_PACKAGES) (missing:$$missing)"; \
+	@packages=""; for dep in $(SYSTEM_DEPS); do \
+		command -v $${dep%%:*} >/dev/null 2>&1 || case " $$packages " in *" $${dep#*:} "*) ;; *) packages="$$packages $${dep#*:}";; esac; \
+	done; \
+	if [ -n "$$packages" ]; then \
+		echo "installing$$packages"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$packages; \
 	fi
 
 # The main job: `launcher submit` of examples/train.py on a local Ray cluster with simulated GPUs,
@@ -68,10 +72,16 @@ bench-progress: install
 bench-selection: install system-deps
 	$(PY) -m bench.selection
 
-# raypulse at cluster scale (issue 26), beside HEAD's code: docs/scale.md.
+# raypulse at cluster scale (issue 26), beside a named commit's code: docs/scale.md. SCALE_BASE_REF is the
+# last release tag or, while there is none, d7c1984 (the code before issue 26: docs/scale.md's baseline
+# columns); SCALE_BASE_REF=<commit> for another. Never HEAD: committed, that is the code under test.
+SCALE_BASE_REF ?= $(shell git describe --tags --abbrev=0 2>/dev/null || echo d7c19846b99ae53c94affb36003aff9871974dcb)
 SCALE_BASE ?= /tmp/raypulse-scale-base
 bench-scale: install
-	rm -rf $(SCALE_BASE) && mkdir -p $(SCALE_BASE) && git archive HEAD | tar -x -C $(SCALE_BASE)
+	@git rev-parse --verify --quiet '$(SCALE_BASE_REF)^{commit}' >/dev/null || { echo "bench-scale: \
+	SCALE_BASE_REF=$(SCALE_BASE_REF) is not a commit of this clone (a shallow one? git fetch --unshallow); \
+	pass SCALE_BASE_REF=<commit>" >&2; exit 2; }
+	rm -rf $(SCALE_BASE) && mkdir -p $(SCALE_BASE) && git archive '$(SCALE_BASE_REF)' | tar -x -C $(SCALE_BASE)
 	$(PY) -m bench.scale --section launcher --sizes 10,100,500,2000 --baseline $(SCALE_BASE)
 	$(PY) -m bench.scale --section prometheus --sizes 50,200,400
 

@@ -26,6 +26,7 @@ from launcher.state import ExporterAccess, write_private
 WEB_CONFIG_FILE = "exporter-web-config.yml"
 PASSWORD_FILE = "exporter-password"
 LAUNCHER_USER = "raypulse-launcher"
+PROGRESS_HOST = "127.0.0.1"  # the progress endpoint serves the node's own processes only
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,12 @@ class ExporterPlan:
     @property
     def progress_url(self) -> str:
         """RAYPULSE_PROGRESS_URL for the node's processes."""
-        return f"http://127.0.0.1:{self.progress_port}"
+        return f"http://{PROGRESS_HOST}:{self.progress_port}"
 
     def command(self) -> list[str]:
         command = [sys.executable, "-m", "exporter", "serve", "--listen", f"{self.host}:{self.port}",
                    "--ray-dashboard", self.dashboard_url, "--cluster", self.cluster, "--ray-role", self.role,
-                   "--progress-listen", f"127.0.0.1:{self.progress_port}"]
+                   "--progress-listen", f"{PROGRESS_HOST}:{self.progress_port}"]
         if self.web_config:
             command += ["--web-config", self.web_config]
         if self.simulate_gpus:

@@ -33,8 +33,9 @@ import psutil
 
 from exporter.config import ConfigError
 from exporter.contract import wire
+from exporter.serving.binding import can_listen
 from launcher.errors import BadInput, InfraError
-from launcher.exporter_plan import ExporterPlan, prepare_web_config
+from launcher.exporter_plan import PROGRESS_HOST, ExporterPlan, prepare_web_config
 from launcher.journal import Journal
 from launcher.raydash import RayDashboard
 from launcher.spec import JobSpec
@@ -64,15 +65,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("", port))  # all addresses: taken on any of them counts
-        except OSError:
-            return False
-        return True
 
 
 def _ray_cli() -> str:
@@ -140,14 +132,17 @@ def plan_nodes(spec: JobSpec, cluster: str, gcs_port: int, dashboard_port: int) 
 
 
 def check_ports(nodes: list[NodePlan]) -> None:
-    """The fixed exporter and progress ports must be distinct and free before anything starts."""
+    """The fixed exporter and progress ports must be distinct and free before anything starts: free
+    as the exporter binds them (a port whose last connections linger in TIME-WAIT is free). /metrics
+    will listen on the node's IP, known once Ray reports it: a listener on any IPv4 address counts."""
     planned = [port for node in nodes for port in (node.exporter.port, node.exporter.progress_port)]
     if len(set(planned)) != len(planned):
         raise PortInUse("exporter_port: with progress_port, it gives two nodes the same port (node i uses "
                         "exporter_port + 2i and progress_port + 2i); pick bases that differ by an odd number")
     for node in nodes:
-        for what, port in (("exporter_port", node.exporter.port), ("progress_port", node.exporter.progress_port)):
-            if not _port_free(port):
+        for what, host, port in (("exporter_port", "0.0.0.0", node.exporter.port),
+                                 ("progress_port", PROGRESS_HOST, node.exporter.progress_port)):
+            if not can_listen(host, port):
                 flag = "--" + what.replace("_", "-")
                 raise PortInUse(f"{what}: port {port} ({node.name}'s exporter) is in use; pass {flag} with a free "
                                 "base port (node i uses base + 2i), or `launcher down` a kept cluster")

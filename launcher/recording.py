@@ -50,12 +50,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from alerts.config import DEFAULT as ALERTS_CONFIG
 from exporter.contract import wire
+from launcher import exposition
 from launcher.health import exporters
-from launcher.health.exporters import ReadError, fetch_metrics, fetch_sd
+from launcher.health.exporters import ReadError, fetch_sd
 from launcher.state import FILE_MODE, ExporterAccess, private_dir
 
 FILE_NAME = "metrics.jsonl.gz"
@@ -99,6 +98,9 @@ UP = "up"  # Prometheus's own per-target series, as it would record it
 # are Prometheus's own (`__name__` would rename a series).
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+_ALLOWED = exposition.keeping(ALLOWED_FAMILIES, ALLOWED_PREFIXES)  # allowed(), for reading an answer
 
 
 def valid_names(name: str, labels: Mapping[str, str]) -> bool:
@@ -156,24 +158,15 @@ def requested() -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(names[index:index + step]) for index in range(0, len(names), step))
 
 
-def _name_of(line: str) -> str | None:
-    """The metric name a line of the text format is about (HELP, TYPE, or a sample); None for others."""
-    if line.startswith("#"):
-        parts = line.split(" ", 3)
-        return parts[2] if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") else None
-    end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
-    return line[:end] if end > 0 else None
-
-
-def _kept_lines(text: str, keep: Callable[[str], bool] = allowed) -> str:
-    """The exposition cut down to the kept families (their HELP, TYPE and samples) before parsing:
-    parsing is the recorder's main cost and most of a node's families are not kept."""
-    return "\n".join(line for line in text.splitlines() if (name := _name_of(line)) and keep(name)) + "\n"
+@functools.cache
+def _keeping(names: frozenset[str]) -> re.Pattern[str]:
+    """What a request for `names` keeps of its answer (one of requested())."""
+    return exposition.keeping(names)
 
 
 def _only(text: str, names: frozenset[str]) -> bool:
     """Whether an answer holds only the families asked for (an exporter that knows `name[]`)."""
-    return all((name := _name_of(line)) is None or name in names or name.endswith("_created")
+    return all((name := exposition.name_of(line)) is None or name in names or name.endswith("_created")
                for line in text.splitlines())
 
 
@@ -185,31 +178,6 @@ class Sample:
     name: str
     labels: dict[str, str]
     value: float
-
-
-def parse(text: str, target_labels: Mapping[str, str], dropped: list[str] | None = None,
-          keep: Callable[[str], bool] = allowed) -> list[Sample]:
-    """The kept samples of one exposition, with the target's labels added as Prometheus adds
-    them (an exposed label that a target label also names becomes `exported_<name>`). A sample whose
-    names are not Prometheus names is left out, and its name (escaped) added to `dropped`."""
-    samples = []
-    for family in text_string_to_metric_families(_kept_lines(text, keep)):
-        for sample in family.samples:
-            if sample.name.endswith("_created") or not keep(sample.name):
-                continue  # a counter's creation time: not a series of ours
-            if not (valid_names(sample.name, sample.labels) and METRIC_NAME.fullmatch(family.name)):
-                if dropped is not None:
-                    dropped.append(ascii(f"{sample.name}{{{','.join(sample.labels)}}}")[:120])
-                continue
-            labels = {(f"exported_{k}" if k in target_labels else k): v for k, v in sample.labels.items()}
-            samples.append(Sample(family.name, family.type, family.documentation, sample.name,
-                                  {**labels, **target_labels}, float(sample.value)))
-    return samples
-
-
-def scrape(target: ScrapeTarget, access: ExporterAccess | None, timeout: float = READ_TIMEOUT_S) -> str:
-    scheme = access.scheme if access else "http"
-    return fetch_metrics(f"{scheme}://{target.address}", access, timeout)
 
 
 TargetKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -243,34 +211,21 @@ class _Part:
 
     path: str
     etag: str | None
-    keys: list[int] | None = None
+    keys: array | None = None
     items: list[int | Sample | None] | None = None
     dropped: list[str] = field(default_factory=list)
 
 
-def _split(text: str, keep: Callable[[str], bool]) -> tuple[list[str], list[str]]:
-    """An answer's kept lines (HELP, TYPE, samples, in order; a counter's `_created` left out) and, of
-    them, the sample lines: the parser makes one sample of each, in order."""
-    kept, samples = [], []
-    for line in text.splitlines():
-        name = _name_of(line)
-        if name is None or not keep(name) or name.endswith("_created"):
-            continue
-        kept.append(line)
-        if not line.startswith("#"):
-            samples.append(line)
-    return kept, samples
-
-
-def _sample(family: str, kind: str, help: str, name: str, exposed: Mapping[str, str], value: float,
-            target_labels: Mapping[str, str], dropped: list[str]) -> Sample | None:
-    """A parsed sample as recorded (target labels added as Prometheus adds them), or None (and its name
-    in `dropped`) when its names are not Prometheus names."""
-    if not (valid_names(name, exposed) and METRIC_NAME.fullmatch(family)):
-        dropped.append(ascii(f"{name}{{{','.join(exposed)}}}")[:120])
+def _sample(line: exposition.Line, target_labels: Mapping[str, str], dropped: list[str]) -> Sample | None:
+    """A parsed sample as recorded (target labels added as Prometheus adds them: an exposed label that a
+    target label also names becomes `exported_<name>`), or None (and its name in `dropped`) when its
+    names are not Prometheus names."""
+    if not (valid_names(line.name, line.labels) and METRIC_NAME.fullmatch(line.family.name)):
+        dropped.append(ascii(f"{line.name}{{{','.join(line.labels)}}}")[:120])
         return None
-    labels = {(f"exported_{k}" if k in target_labels else k): v for k, v in exposed.items()}
-    return Sample(family, kind, help, name, {**labels, **target_labels}, float(value))
+    labels = {(f"exported_{k}" if k in target_labels else k): v for k, v in line.labels.items()}
+    return Sample(line.family.name, line.family.type, line.family.help, line.name, {**labels, **target_labels},
+                  line.value)
 
 
 # --- writing -------------------------------------------------------------------------------------
@@ -312,7 +267,7 @@ class Recorder:
         self._known: dict[TargetKey, dict[str, _Kept]] = {}  # by target, by request path: its last answer
         # A sample name's family, type and help, as the last whole parse that had it said (a changed line
         # is parsed alone, without its family's HELP and TYPE lines).
-        self._family_of: dict[str, tuple[str, str, str]] = {}
+        self._family_of: dict[str, exposition.Family] = {}
         self._families: set[str] = set()
         self._targets: list[ScrapeTarget] = []
         self._stop = threading.Event()
@@ -473,50 +428,21 @@ class Recorder:
             try:
                 text = answer.body.decode(errors="replace")
                 if names is not None and not _only(text, names):
-                    return [self._part(wire.METRICS_PATH, answer.etag, text, target, allowed,
+                    return [self._part(wire.METRICS_PATH, answer.etag, text, target, _ALLOWED,
                                        known.get(wire.METRICS_PATH))], None
-                keep = names.__contains__ if names is not None else allowed
+                keep = _keeping(names) if names is not None else _ALLOWED
                 out.append(self._part(path, answer.etag, text, target, keep, last))
             except Exception as exc:  # noqa: BLE001 - prometheus_client's parser raises more than ValueError on garbage
                 return None, f"an exposition that does not parse ({type(exc).__name__}: {str(exc)[:200]})"
         return out, None
 
-    def _part(self, path: str, etag: str | None, text: str, target: ScrapeTarget, keep: Callable[[str], bool],
+    def _part(self, path: str, etag: str | None, text: str, target: ScrapeTarget, keep: re.Pattern[str],
               last: _Kept | None) -> _Part:
-        """An answer's samples, parsing only the lines not in the last answer when every family they
-        belong to is known (a training node's answer differs in a few lines; the parser is the cost)."""
-        kept, lines = _split(text, keep)
-        keys = [hash(line) for line in lines]  # 64-bit: two lines of one target colliding is ~1e-15 likely
+        """An answer's samples, parsing only the lines not in the last answer (launcher/exposition.py)."""
+        answer = exposition.read(text, keep, last.keys if last is not None else None, self._family_of)
         dropped: list[str] = []
-        if last is not None:
-            # Where the exporter serves the same series in the same order (it does), an unchanged line is
-            # at its place; a line that moved is parsed again (correct, only slower).
-            before = last.keys
-            items: list[int | Sample | None] = [
-                position if position < len(before) and before[position] == key else None
-                for position, key in enumerate(keys)]
-            fresh = [line for line, item in zip(lines, items, strict=True) if item is None]
-            parsed = [sample for family in text_string_to_metric_families("\n".join(fresh) + "\n")
-                      for sample in family.samples] if fresh else []
-            if len(parsed) == len(fresh) and all(sample.name in self._family_of for sample in parsed):
-                samples = iter(parsed)
-                for position, item in enumerate(items):
-                    if item is None:
-                        sample = next(samples)
-                        items[position] = _sample(*self._family_of[sample.name], sample.name, sample.labels,
-                                                  sample.value, target.labels, dropped)
-                return _Part(path, etag, keys, items, dropped)
-        # The whole answer, with its HELP and TYPE lines: every family's name, type and help learnt.
-        whole = [(family, sample) for family in text_string_to_metric_families("\n".join(kept) + "\n")
-                 for sample in family.samples]
-        if len(whole) != len(lines):
-            raise ValueError(f"{len(whole)} samples of {len(lines)} sample lines")
-        items = []
-        for family, sample in whole:
-            self._family_of[sample.name] = (family.name, family.type, family.documentation)
-            items.append(_sample(family.name, family.type, family.documentation, sample.name, sample.labels,
-                                 sample.value, target.labels, dropped))
-        return _Part(path, etag, keys, items, dropped)
+        items = [item if isinstance(item, int) else _sample(item, target.labels, dropped) for item in answer.items]
+        return _Part(path, etag, answer.keys, items, dropped)
 
     def _take(self, target: ScrapeTarget, answer: list[_Part] | None, error: str | None,
               lines: _Member, parts: list[str]) -> tuple[int, int, list[str]]:
@@ -549,7 +475,7 @@ class Recorder:
                         else:
                             ids.append(self._series_id(item, lines))
                             values.append(item.value)
-                    entry = kept[part.path] = _Kept(part.etag, array("q", part.keys), ids, values)
+                    entry = kept[part.path] = _Kept(part.etag, part.keys, ids, values)
                     examples += part.dropped[:1]
                 if entry is not None:
                     pairs.extend((ident, value) for ident, value in zip(entry.ids, entry.values, strict=True)

@@ -8,7 +8,10 @@ here, without publishing anything:
   --builtin-schema vendor.github-workflows`: the schema ships inside check-jsonschema, no network);
 - the names agreeing: the version matches the workflow's tag filter, the workflow pushes the image that
   launcher/deploy/manifests.py's DEFAULT_IMAGE names (registry, repository, tag = the version), logs in to that
-  registry, and the Dockerfile's default VERSION is the version.
+  registry, and the Dockerfile's default VERSION is the version;
+- the tests before the release: ci.yml runs README's test command (`make test`) under a time limit on
+  every push and pull request and can be called; release.yml calls it, every other job of the release
+  needs that one (directly or through another), and both set up the same Python.
 
     python -m scripts.release_check          # exit 1 with one line per problem
 """
@@ -32,6 +35,8 @@ from launcher.deploy.manifests import DEFAULT_IMAGE
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / ".github" / "workflows"
 RELEASE = WORKFLOWS / "release.yml"
+CI = WORKFLOWS / "ci.yml"
+TEST_COMMAND = "make test"  # README's
 DISTRIBUTION = "raypulse"  # pyproject.toml's [project] name: what `pip install raypulse` asks for
 
 
@@ -63,12 +68,56 @@ def _steps(workflow: dict[str, Any], action: str) -> list[dict[str, Any]]:
             if str(step.get("uses", "")).split("@")[0] == action]
 
 
+def _trigger(workflow: dict[str, Any]) -> dict[str, Any]:
+    # PyYAML reads the key `on` as True (YAML 1.1): take either.
+    return workflow.get("on", workflow.get(True)) or {}
+
+
+def _pythons(workflow: dict[str, Any]) -> set[str]:
+    return {str(step.get("with", {}).get("python-version")) for step in _steps(workflow, "actions/setup-python")}
+
+
+def ci_problems(ci: dict[str, Any], release: dict[str, Any]) -> list[str]:
+    """Where ci.yml does not run the tests on every change, or the release can start without them."""
+    problems = []
+    missing = {"push", "pull_request", "workflow_call"} - set(_trigger(ci))
+    if missing:
+        problems.append(f"{CI.name}: not triggered by {sorted(missing)}")
+    testing = [name for name, job in ci.get("jobs", {}).items()
+               if any(str(step.get("run", "")).split()[:2] == TEST_COMMAND.split() for step in job.get("steps", []))]
+    if not testing:
+        problems.append(f"{CI.name}: no job runs `{TEST_COMMAND}`")
+    problems += [f"{CI.name}: job {name} has no timeout-minutes" for name in testing
+                 if "timeout-minutes" not in ci["jobs"][name]]
+    jobs = release.get("jobs", {})
+    calls = [name for name, job in jobs.items() if job.get("uses") == f"./{CI.relative_to(REPO)}"]
+    if len(calls) != 1:
+        problems.append(f"{RELEASE.name}: {len(calls)} jobs use ./{CI.relative_to(REPO)}, not one")
+        return problems
+
+    def needed(name: str) -> set[str]:
+        """Every job `name` waits for, directly or through another (a cycle, which GitHub refuses, ends)."""
+        found: set[str] = set()
+        waiting = [name]
+        while waiting:
+            needs = jobs.get(waiting.pop(), {}).get("needs", [])
+            for other in {needs} if isinstance(needs, str) else set(needs):
+                if other not in found:
+                    found.add(other)
+                    waiting.append(other)
+        return found
+
+    problems += [f"{RELEASE.name}: job {name} can start before the tests ({calls[0]}) pass" for name in jobs
+                 if name != calls[0] and calls[0] not in needed(name)]
+    if _pythons(ci) != _pythons(release):
+        problems.append(f"{CI.name} sets up Python {sorted(_pythons(ci))}, {RELEASE.name} {sorted(_pythons(release))}")
+    return problems
+
+
 def name_problems(workflow: dict[str, Any], dockerfile: str) -> list[str]:
     """Where the workflow, the Dockerfile and the code disagree about the version or the image's name."""
     problems = []
-    # PyYAML reads the key `on` as True (YAML 1.1): take either.
-    trigger = workflow.get("on", workflow.get(True)) or {}
-    tags = trigger.get("push", {}).get("tags", [])
+    tags = (_trigger(workflow).get("push") or {}).get("tags", [])
     if not any(github_filter(tag).fullmatch(__version__) for tag in tags):
         problems.append(f"{RELEASE.name}: no push tag filter {tags} matches the version {__version__}")
     image, _, tag = DEFAULT_IMAGE.rpartition(":")
@@ -133,8 +182,9 @@ def dist_problems(outdir: Path) -> list[str]:
 
 def workflow_problems() -> list[str]:
     workflows = sorted(WORKFLOWS.glob("*.y*ml"))
-    if RELEASE not in workflows:
-        return [f"{RELEASE.relative_to(REPO)} is missing"]
+    missing = [f"{path.relative_to(REPO)} is missing" for path in (CI, RELEASE) if path not in workflows]
+    if missing:
+        return missing
     checker = Path(sys.executable).parent / "check-jsonschema"  # the venv's, beside this Python
     failed = _run([str(checker), "--builtin-schema", "vendor.github-workflows", *map(str, workflows)])
     return [failed] if failed else []
@@ -147,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     problems = workflow_problems()
     if RELEASE.exists():
-        problems += name_problems(yaml.safe_load(RELEASE.read_text()), (REPO / "Dockerfile").read_text())
+        release = yaml.safe_load(RELEASE.read_text())
+        problems += name_problems(release, (REPO / "Dockerfile").read_text())
+        if CI.exists():
+            problems += ci_problems(yaml.safe_load(CI.read_text()), release)
     if not args.no_build:
         with tempfile.TemporaryDirectory(prefix="raypulse-dist-") as outdir:
             problems += dist_problems(Path(outdir))
@@ -155,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"release-check: {problem}", file=sys.stderr)
     if not problems:
         print(f"release-check: {DISTRIBUTION} {__version__} and {DEFAULT_IMAGE}: the build, twine check, the "
-              "workflow schema and the names agree")
+              "workflow schema and the names agree, and the release waits for the tests")
     return 1 if problems else 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -122,3 +123,25 @@ def kept_cluster(name: str, home: Path, workers: int = 1) -> Iterator[dict[str, 
     result = launcher("down", name, home=home)
     assert result.returncode == 0, result.stderr
     assert not cluster_processes(name), describe(cluster_processes(name))
+
+
+TIME_WAIT = "06"  # the TCP state's number in /proc/net/tcp (include/net/tcp_states.h)
+
+
+def time_wait_ports() -> set[int]:
+    """The local ports of this host's IPv4 connections in TIME-WAIT (what `ss -tan state time-wait` lists)."""
+    ports = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == TIME_WAIT:
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def closed_by_server(host: str, port: int, request: bytes) -> None:
+    """Send one request and read until the server closes the connection, then close ours: the server
+    closed first, so its end (local port `port`) stays in TIME-WAIT for the next 60 s."""
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(request)
+        while sock.recv(65536):
+            pass

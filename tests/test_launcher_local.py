@@ -14,6 +14,7 @@ import re
 import signal
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,9 +23,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from exporter.contract import wire
 from tests.conftest import http_get, wait_until
 from tests.launcher_support import (
     audit_actions,
+    closed_by_server,
     cluster_processes,
     describe,
     free_base,
@@ -34,6 +37,7 @@ from tests.launcher_support import (
     live,
     start_launcher,
     status_json,
+    time_wait_ports,
 )
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -179,6 +183,40 @@ def test_no_wait_leaves_a_kept_cluster_running_the_job_and_down_ends_the_run(hom
     assert not cluster_processes("left-1"), describe(cluster_processes("left-1"))
     record = status_json("left-1", home)  # ended by `down`, which stopped its job while the cluster answered
     assert (record["state"], record["exit_code"]) == ("STOPPED", 3)
+
+
+def test_a_second_submit_on_the_default_ports_starts_while_the_firsts_connections_are_in_time_wait(
+        home: Path, tmp_path: Path):
+    """Issue 35: the first run's exporter closes its connections when it stops, and their ends stay in
+    TIME-WAIT on its port for 60 s; the next run binds that port as the exporter does, so it starts."""
+    go = tmp_path / "go"
+    first = start_launcher("submit", "--run-id", "back-1", "--workers", "1", "--",
+                           f"while [ ! -e {go} ]; do sleep 0.2; done; echo ok", home=home)
+    record = home / "clusters" / "back-1" / "cluster.json"
+
+    def head() -> str:  # the record names the node's IP once Ray reports it: the exporter listens there
+        return json.loads(record.read_text())["exporters"][0]["url"]
+
+    def head_answers() -> bool:
+        # An AssertionError, not an OSError: it ends the wait.
+        assert first.poll() is None, f"the first run ended early: {first.stderr.read()}"
+        return http_get(head() + "/healthz")[0] == 200
+
+    try:
+        wait_until(head_answers, 180, "the first run's head exporter")
+        assert head().endswith(f":{wire.EXPORTER_PORT}")  # the default ports
+        # A connection the exporter closes (HTTP/1.0): its end is in TIME-WAIT once the run is over.
+        closed_by_server(urllib.parse.urlsplit(head()).hostname, wire.EXPORTER_PORT,
+                         b"GET /healthz HTTP/1.0\r\n\r\n")
+    finally:
+        go.touch()  # the job ends, and the run with it (its cluster torn down), whatever happened above
+        stdout, stderr = first.communicate(timeout=240)
+    assert first.returncode == 0, stderr
+    assert "ok" in stdout.splitlines()
+    assert wire.EXPORTER_PORT in time_wait_ports(), "no TIME-WAIT left on the port: nothing to show"
+    second = launcher("submit", "--run-id", "back-2", "--workers", "1", "--", "python -c \"print('ok2')\"", home=home)
+    assert second.returncode == 0, second.stderr
+    assert "ok2" in second.stdout.splitlines()
 
 
 # --- jobs on a shared kept cluster ----------------------------------------------------------------

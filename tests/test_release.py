@@ -1,6 +1,7 @@
-"""The release (.github/workflows/release.yml) and `make release-check` (scripts/release_check.py): the
-workflow is valid against GitHub's schema, its tag filter, image name and registry are the code's, and
-in the slow lane the whole check runs (sdist and wheel built, `twine check`)."""
+"""The release (.github/workflows/release.yml), the tests it waits for (ci.yml) and `make release-check`
+(scripts/release_check.py): the workflows are valid against GitHub's schema, the release's tag filter,
+image name and registry are the code's, nothing is published before `make test` passed on the tagged
+commit, and in the slow lane the whole check runs (sdist and wheel built, `twine check`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def workflow() -> dict:
     return yaml.safe_load(release_check.RELEASE.read_text())
 
 
+def ci() -> dict:
+    return yaml.safe_load(release_check.CI.read_text())
+
+
 def dockerfile() -> str:
     return (REPO / "Dockerfile").read_text()
 
@@ -39,6 +44,38 @@ def test_the_tag_must_equal_the_version_before_anything_is_published():
     assert jobs["pypi"]["needs"] == jobs["image"]["needs"] == "dist"
     assert jobs["pypi"]["permissions"] == {"id-token": "write"}  # trusted publishing, no token
     assert jobs["pypi"]["environment"]["name"] == "pypi"
+
+
+def test_the_tests_run_on_every_change_and_before_anything_of_the_release():
+    assert release_check.ci_problems(ci(), workflow()) == []
+    jobs = workflow()["jobs"]
+    assert jobs["ci"] == {"uses": "./.github/workflows/ci.yml"}
+    assert jobs["dist"]["needs"] == "ci"  # and pypi and image need dist
+    steps = ci()["jobs"]["test"]["steps"]
+    assert [step["run"].split()[:2] for step in steps if "run" in step] == [["make", "test"]]
+
+
+def test_a_release_that_could_start_without_the_tests_is_reported():
+    release = copy.deepcopy(workflow())
+    del release["jobs"]["dist"]["needs"]
+    assert release_check.ci_problems(ci(), release) == [
+        "release.yml: job dist can start before the tests (ci) pass",
+        "release.yml: job pypi can start before the tests (ci) pass",
+        "release.yml: job image can start before the tests (ci) pass"]
+    del release["jobs"]["ci"]
+    assert release_check.ci_problems(ci(), release) == ["release.yml: 0 jobs use ./.github/workflows/ci.yml, not one"]
+
+
+def test_tests_that_cannot_be_called_have_no_time_limit_or_another_python_are_reported():
+    drifted = copy.deepcopy(ci())
+    del drifted[True]["workflow_call"]
+    del drifted["jobs"]["test"]["timeout-minutes"]
+    next(step for step in drifted["jobs"]["test"]["steps"] if "with" in step)["with"]["python-version"] = "3.12"
+    assert release_check.ci_problems(drifted, workflow()) == [
+        "ci.yml: not triggered by ['workflow_call']", "ci.yml: job test has no timeout-minutes",
+        "ci.yml sets up Python ['3.12'], release.yml ['3.11']"]
+    drifted["jobs"]["test"]["steps"][-1]["run"] = "make test-quick"
+    assert "ci.yml: no job runs `make test`" in release_check.ci_problems(drifted, workflow())
 
 
 @pytest.mark.parametrize(("pattern", "tag", "matches"), [
@@ -66,7 +103,7 @@ def test_a_name_that_drifts_is_reported():
 
 
 def test_check_jsonschema_refuses_a_broken_workflow(tmp_path: Path):
-    assert release_check.workflow_problems() == []
+    assert release_check.workflow_problems() == []  # ci.yml and release.yml
     broken = copy.deepcopy(workflow())
     broken["jobs"]["dist"]["runs_on"] = broken["jobs"]["dist"].pop("runs-on")
     path = tmp_path / "release.yml"

@@ -185,7 +185,7 @@ class ProgressEndpoint:
                 self.address = listen
             else:
                 host, port = parse_listen(listen)
-                site = GuardedTCPSite(runner, host, port, self.guard, reuse_address=True)
+                site = GuardedTCPSite(runner, host, port, self.guard)
                 await site.start()
                 self.address = f"{host}:{runner.addresses[0][1]}"
         except OSError as exc:

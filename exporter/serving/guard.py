@@ -30,6 +30,7 @@ from exporter.config import HttpSettings
 from exporter.framework import selfmetrics
 from exporter.framework.snapshot import SampleSink
 from exporter.serving import httplog
+from exporter.serving.binding import REUSE_ADDRESS
 
 BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
         b"Content-Length: 33\r\n\r\ntoo many connections; try again\r\n")
@@ -184,10 +185,10 @@ def backlog(asked: int, guard: Guard) -> int:
 
 
 class GuardedTCPSite(web.TCPSite):
-    """aiohttp's TCPSite (its start() with the protocol factory guarded)."""
+    """aiohttp's TCPSite (its start() with the protocol factory guarded), bound as exporter/serving/binding.py says."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, guard: Guard, **kwargs: Any) -> None:
-        super().__init__(runner, host, port, **kwargs)
+        super().__init__(runner, host, port, reuse_address=REUSE_ADDRESS, **kwargs)
         self._guard = guard
 
     async def start(self) -> None:

@@ -130,7 +130,7 @@ class Exporter:
         self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False, logger=httplog.LOGGER,
                                      **runner_options(self.config.http))
         await self._runner.setup()
-        site = GuardedTCPSite(self._runner, host, port, self.guard, ssl_context=self._ssl, reuse_address=True)
+        site = GuardedTCPSite(self._runner, host, port, self.guard, ssl_context=self._ssl)
         await site.start()
         self.port = self._runner.addresses[0][1]  # the real port when 0 was asked for
         log.info("raypulse exporter %s listening on %s://%s:%s with collectors: %s", __version__, self.scheme,

@@ -23,7 +23,6 @@ import json
 import re
 import socket
 import ssl
-import sys
 import threading
 import time
 import zlib
@@ -34,9 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from exporter.contract import wire
+from launcher import exposition
 from launcher.state import ExporterAccess
 
 READ_TIMEOUT_S = 3.0
@@ -63,7 +61,9 @@ FAMILIES = (
     "raypulse_gpu_ecc_errors_total", "raypulse_gpu_row_remap_failed", "raypulse_gpu_recovery_action",
     "raypulse_ray_node_alive", "raypulse_ray_node_info",
 )
-_PREFIXES = tuple(name + suffix for name in FAMILIES for suffix in ("{", " "))
+_WATCHED = exposition.keeping(FAMILIES)
+# A sample name's family, for reading changed lines alone: the catalog's, the same on every exporter.
+_FAMILY_OF: dict[str, exposition.Family] = {}
 # What the watcher asks for: only its families, pre-rendered by the exporter (an exporter too old to
 # know `name[]` sends everything, which parse() cuts down as before).
 FAMILIES_PATH = wire.metrics_path(FAMILIES)
@@ -127,36 +127,16 @@ class NodeRead:
 
 def parse(text: str) -> list[Sample]:
     """The watched families' samples of an exposition (other families skipped unparsed)."""
-    return _parsed([line for line in text.splitlines() if line.startswith(_PREFIXES)])
+    return _samples(text, None)[0]
 
 
-def parse_changed(text: str, before: Last | None) -> tuple[list[Sample], array]:
-    """As parse(), parsing only the lines that changed since the answer `before` (and a hash of each line,
-    for the next answer): a training node's answer differs from its last one in a few lines (its steps),
-    and prometheus_client's parser is most of a check's CPU. The exporter serves its series in one order,
-    so an unchanged line is at its place; a line that moved is parsed again (correct, only slower)."""
-    lines = [line for line in text.splitlines() if line.startswith(_PREFIXES)]
-    keys = array("q", (hash(line) for line in lines))  # 64-bit: a changed line keeping its hash is ~1e-19 likely
-    old_keys, old = (before.keys, before.samples) if before is not None else (array("q"), [])
-    same = [position < len(old_keys) and position < len(old) and old_keys[position] == key
-            for position, key in enumerate(keys)]
-    fresh = [line for line, kept in zip(lines, same, strict=True) if not kept]
-    parsed = _parsed(fresh) if fresh else []
-    if len(parsed) != len(fresh):  # not one sample per line: no line-by-line shortcut for this answer
-        return _parsed(lines), array("q")
-    new = iter(parsed)
-    return [old[position] if kept else next(new) for position, kept in enumerate(same)], keys
-
-
-def _parsed(lines: list[str]) -> list[Sample]:
-    """Sample lines through prometheus_client's parser (each line one sample, in order)."""
-    samples = []
-    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-        for sample in family.samples:
-            # Label names interned: a few dozen names, held by every kept sample of every node.
-            labels = {sys.intern(key): value for key, value in sample.labels.items()}
-            samples.append(Sample(sys.intern(sample.name), labels, float(sample.value)))
-    return samples
+def _samples(text: str, last: Last | None) -> tuple[list[Sample], array]:
+    """The watched samples of an answer and a hash of each line, parsing only the lines that changed since
+    the target's answer `last` (launcher/exposition.py)."""
+    answer = exposition.read(text, _WATCHED, last.keys if last is not None else None, _FAMILY_OF)
+    before = last.samples if last is not None else []
+    return [before[item] if isinstance(item, int) else Sample(item.name, item.labels, item.value)
+            for item in answer.items], answer.keys
 
 
 # --- the bounded reader ------------------------------------------------------------------------------
@@ -451,7 +431,7 @@ def read(target: Target, timeout: float = READ_TIMEOUT_S, known: Known | None = 
     if answer.body is None and last is not None:
         return NodeRead(target, last.samples, not_modified=True)
     try:
-        samples, keys = parse_changed(answer.body.decode(errors="replace") if answer.body is not None else "", last)
+        samples, keys = _samples(answer.body.decode(errors="replace") if answer.body is not None else "", last)
     except Exception as exc:  # noqa: BLE001 - as above
         known.pop(target.url, None)
         return NodeRead(target, error=f"an exposition that does not parse ({_why(exc)})")
