@@ -28,11 +28,12 @@ from typing import Any
 from exporter.contract import wire
 from launcher import detach as detaching
 from launcher import recording, target
-from launcher.backends import kuberay_follow
 from launcher.backends.base import Backend, Placement
 from launcher.backends.existing import ExistingBackend, client_for
-from launcher.backends.kuberay import KubeRayBackend
-from launcher.backends.local import cluster_client
+from launcher.backends.kept import cluster_client
+from launcher.backends.kuberay import follow as kuberay_follow
+from launcher.backends.kuberay.backend import KubeRayBackend
+from launcher.backends.local.cluster import Cancelled, LocalCluster, forget_cluster, stop_cluster_processes
 from launcher.backends.registry import BACKENDS, resolve
 from launcher.display import Reporter
 from launcher.errors import BadInput, InfraError
@@ -41,7 +42,6 @@ from launcher.healing import Healing
 from launcher.health import stacks
 from launcher.jobs import TERMINAL, JobsClient
 from launcher.journal import Journal
-from launcher.local import Cancelled, LocalCluster, forget_cluster, stop_cluster_processes
 from launcher.run import Run, job_view, update_attempt
 from launcher.runtime_env import is_remote
 from launcher.spec import JobSpec, build_spec

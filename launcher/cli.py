@@ -23,11 +23,13 @@ import psutil
 
 from exporter import __version__, outputflag
 from exporter.outputflag import format_option
-from launcher import api, detach, kuberay, redact, target
+from launcher import api, detach, redact, target
 from launcher.backends.base import Backend
 from launcher.backends.existing import client_for
-from launcher.backends.kuberay import KubeRayBackend
-from launcher.backends.local import UP_CLUSTER_NAME, LocalBackend
+from launcher.backends.kuberay import render as kuberay
+from launcher.backends.kuberay.backend import KubeRayBackend
+from launcher.backends.local.backend import UP_CLUSTER_NAME, LocalBackend
+from launcher.backends.local.cluster import Cancelled
 from launcher.backends.registry import resolve
 from launcher.display import PlainReporter, Reporter, RichReporter, reporter_for_terminal
 from launcher.errors import BadInput, InfraError
@@ -35,7 +37,6 @@ from launcher.exitcodes import ExitCode
 from launcher.failing import fail
 from launcher.flags import spec_data, spec_from_options, spec_options
 from launcher.journal import Journal
-from launcher.local import Cancelled
 from launcher.run import finish_run
 from launcher.spec import JobSpec, SpecError, build_spec
 from launcher.state import RunRecord, list_clusters, list_runs, load_run

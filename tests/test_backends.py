@@ -16,8 +16,8 @@ from launcher import api
 from launcher.backends import kinds
 from launcher.backends.base import Backend
 from launcher.backends.existing import ExistingBackend
-from launcher.backends.kuberay import KubeRayBackend
-from launcher.backends.local import LocalBackend
+from launcher.backends.kuberay.backend import KubeRayBackend
+from launcher.backends.local.backend import LocalBackend
 from launcher.backends.registry import BACKENDS, resolve
 from launcher.errors import BadInput
 from launcher.spec import Backend as BackendName

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.backends.base import Exporters, Placement, new_record
 from launcher.backends.exporters import ClusterExporters, DeployedExporters
+from launcher.backends.kept import cluster_client, local_checkpoint_dir, reach_cluster
 from launcher.backends.kinds import ExistingKind
-from launcher.backends.local import cluster_client, local_checkpoint_dir, reach_cluster
 from launcher.deploy import remote
 from launcher.errors import BadInput, InfraError
 from launcher.health.faults import Fault

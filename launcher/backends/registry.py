@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from launcher.backends.base import Backend
 from launcher.backends.existing import ExistingBackend
 from launcher.backends.kinds import name_of
-from launcher.backends.kuberay import KubeRayBackend
-from launcher.backends.local import LocalBackend
+from launcher.backends.kuberay.backend import KubeRayBackend
+from launcher.backends.local.backend import LocalBackend
 
 if TYPE_CHECKING:
     from launcher.spec import JobSpec

@@ -1,7 +1,7 @@
-"""The KubeRay backend: the run is rendered as a RayJob (launcher/kuberay.py) and applied to the cluster
-of the kubeconfig context (launcher/kubeaccess.py). KubeRay supervises it (backoffLimit retries,
+"""The KubeRay backend: the run is rendered as a RayJob (launcher/backends/kuberay/render.py) and applied to the cluster
+of the kubeconfig context (launcher/backends/kuberay/access.py). KubeRay supervises it (backoffLimit retries,
 activeDeadlineSeconds, a new RayCluster per retry), so the launcher hands it off: it records the run at
-once and watches the RayJob to KubeRay's end of it (launcher/backends/kuberay_follow.py)."""
+once and watches the RayJob to KubeRay's end of it (launcher/backends/kuberay/follow.py)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher import kuberay
-from launcher.backends import kuberay_follow
 from launcher.backends.base import Placement, new_record
 from launcher.backends.kinds import KubeRayKind
+from launcher.backends.kuberay import follow
+from launcher.backends.kuberay import render as kuberay
+from launcher.backends.kuberay.access import KubeAccess, kube_api
 from launcher.errors import BadInput
 from launcher.jobs import JobsClient
 from launcher.journal import Journal
-from launcher.kubeaccess import KubeAccess, kube_api
 from launcher.state import RunRecord, claim_supervision, load_run, release_supervision
 from launcher.tracing import RunTrace, traces_url
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 def _watched(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str,
              cluster: Callable[[], str | None]) -> tuple[Healing | None, Recorder | None]:
     """The run's health watcher and recording on KubeRay, both reading the sidecars of the current
-    RayCluster's pods through the API server (launcher/backends/kuberay_heal.py); a faulty GPU's node
+    RayCluster's pods through the API server (launcher/backends/kuberay/heal.py); a faulty GPU's node
     cordoned with health.cordon_nodes. Neither without sidecars (nothing to read); no watcher with health
     off; no recording with `record: off` or the user's Prometheus (`prometheus:`: reports read it there)."""
     if not spec.sidecar:
@@ -40,7 +40,7 @@ def _watched(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str
     from kubernetes import client
 
     from launcher import recording
-    from launcher.backends.kuberay_heal import NodeCordon, ray_pod_targets, scrape_targets
+    from launcher.backends.kuberay.heal import NodeCordon, ray_pod_targets, scrape_targets
     from launcher.healing import Healing
 
     core = client.CoreV1Api(access.api_client)
@@ -101,7 +101,7 @@ class KubeRayBackend(KubeRayKind):
             return record
         recorder = None
         try:
-            follower = kuberay_follow.RayJobFollower(applied, access, journal, cancel, spec=spec)
+            follower = follow.RayJobFollower(applied, access, journal, cancel, spec=spec)
             follower.healing, recorder = _watched(spec, journal, access, namespace, lambda: follower.cluster_name)
             follower.recorder = recorder
             return follower.follow()

@@ -17,7 +17,7 @@ The RayJob is watched with a field selector on its name; a watch the server clos
 opened again from the last resourceVersion, and a 410 (too old) starts again from a fresh list (watched
 from the list's resourceVersion: the object's own may be older than the server's compacted history).
 
-With a health policy (launcher/backends/kuberay_heal.py says what is read and how), the watcher checks
+With a health policy (launcher/backends/kuberay/heal.py says what is read and how), the watcher checks
 the running attempt beside the follow loop. A fault the policy restarts for ends the attempt the one way
 KubeRay allows (the RayJob deleted, foreground: its RayCluster, Secret and PodMonitor go first), then the
 same RayJob is applied again as the next attempt, with RAYPULSE_RESUME_FROM and a backoffLimit of what is
@@ -32,18 +32,18 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from launcher import kuberay
+from launcher.backends.kuberay import render as kuberay
+from launcher.backends.kuberay.access import KubeAccess, api_error, kube_api
+from launcher.backends.kuberay.render import KUEUE_QUEUE_LABEL
 from launcher.errors import BadInput
 from launcher.journal import Journal
-from launcher.kubeaccess import KubeAccess, api_error, kube_api
-from launcher.kuberay import KUEUE_QUEUE_LABEL
 from launcher.run import Rounds, failures_so_far, finish_run, retry_delay
 from launcher.state import RunRecord, stop_requested, write_private
 
 if TYPE_CHECKING:
+    from launcher.backends.kuberay.render import Applied
     from launcher.healing import Healing
     from launcher.health.faults import Fault
-    from launcher.kuberay import Applied
     from launcher.spec import JobSpec
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayjobs"
@@ -472,7 +472,7 @@ def _reach(record: RunRecord) -> tuple[RayJobFollower, dict[str, Any] | None]:
     from kubernetes.client.rest import ApiException
     from urllib3.exceptions import HTTPError
 
-    from launcher.kuberay import Applied
+    from launcher.backends.kuberay.render import Applied
 
     access = kube_api(record.spec.get("context"))
     namespace = record.spec.get("namespace") or access.namespace

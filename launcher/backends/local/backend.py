@@ -5,7 +5,6 @@ second time the same node faults it is retired and the run goes on without it.""
 from __future__ import annotations
 
 import importlib
-import os
 import shutil
 import threading
 from pathlib import Path
@@ -13,53 +12,21 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.backends.base import Placement, new_record
 from launcher.backends.exporters import ClusterExporters
+from launcher.backends.kept import cluster_client, local_checkpoint_dir, reach_cluster
 from launcher.backends.kinds import LocalKind
+from launcher.backends.local.cluster import LocalCluster
 from launcher.errors import BadInput, InfraError
 from launcher.health.faults import Fault
 from launcher.jobs import JobsClient
 from launcher.journal import Journal
-from launcher.local import LocalCluster
 from launcher.run import finish_run
-from launcher.state import ClusterRecord, RunRecord, load_cluster, load_run, private_dir, run_dir
+from launcher.state import ClusterRecord, RunRecord, load_cluster, load_run
 
 if TYPE_CHECKING:
     from launcher.display import Reporter
     from launcher.spec import JobSpec
 
 UP_CLUSTER_NAME = "local"  # `launcher up` without --name
-
-
-def cluster_client(name: str) -> tuple[ClusterRecord, JobsClient]:
-    """A kept (or running) local cluster and a Jobs API client for it."""
-    record = load_cluster(name)
-    if record is None:
-        raise BadInput(f"cluster: no running local cluster named {name!r}; start one with `launcher up --name {name}`")
-    return record, JobsClient(record.address, Path(record.token_path).read_text().strip(), field="cluster")
-
-
-def local_checkpoint_dir(spec: JobSpec) -> str:
-    """A cluster on this machine shares its disk: the checkpoint directory is made now (under the run's
-    record unless the spec names one), and one that cannot be made or written is bad input."""
-    path = Path(spec.checkpoint_dir) if spec.checkpoint_dir else run_dir(spec.run_id or "") / "checkpoints"
-    try:
-        private_dir(path)
-        probe = path / f".raypulse-write-check-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise BadInput(f"checkpoint_dir: cannot write checkpoints to {path}: {exc.strerror or exc}; give "
-                       "--checkpoint-dir a directory the nodes can write") from None
-    return str(path.resolve())
-
-
-def reach_cluster(record: RunRecord) -> JobsClient | None:
-    """A client for the local cluster a run used, while it is still up."""
-    try:
-        if record.cluster and load_cluster(record.cluster) is not None:
-            return cluster_client(record.cluster)[1]
-    except BadInput:  # gone since it was looked up
-        pass
-    return None
 
 
 class LocalRemedy:

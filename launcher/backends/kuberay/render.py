@@ -40,9 +40,9 @@ import yaml
 from exporter.contract import wire
 from exporter.manifests import DEFAULT_IMAGE, Options, relabelings
 from launcher import state
+from launcher.backends.kuberay.access import KubeAccess, api_error, kube_api
 from launcher.errors import BadInput
 from launcher.journal import Journal
-from launcher.kubeaccess import KubeAccess, api_error, kube_api
 from launcher.run import job_metadata, runtime_env
 from launcher.runtime_env import is_remote
 from launcher.spec import JobSpec, format_memory
