@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 import psutil
@@ -24,7 +24,7 @@ import psutil
 from exporter import __version__, outputflag
 from exporter.outputflag import format_option
 from launcher import api, detach, redact, target
-from launcher.backends.base import Backend
+from launcher.backends.base import Backend, HandedOff
 from launcher.backends.existing import client_for
 from launcher.backends.kuberay import render as kuberay
 from launcher.backends.kuberay.backend import KubeRayBackend
@@ -123,7 +123,7 @@ def submit(file: Path | None, no_wait: bool, output: str, **options: Any) -> Non
         reporter.info(taken.note)
     if not backend.followed:  # its platform supervises the run; the launcher watches it to its end
         try:
-            record = backend.hand_off(reporter, cancel, detach=no_wait)
+            record = cast(HandedOff, backend).hand_off(reporter, cancel, detach=no_wait)
         except BadInput as exc:
             reporter.close()
             fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)

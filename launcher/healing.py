@@ -61,7 +61,8 @@ class Pending:
 class Healing:
     def __init__(self, policy: HealthPolicy, journal: Journal, targets: TargetSource,
                  remedy: NodeRemedy | None = None, dashboard: RayDashboard | None = None,
-                 progress_url: str | None = None, local_processes: bool = False, blind_hint: str | None = None) -> None:
+                 progress_url: str | None = None, local_processes: bool = False, blind_hint: str | None = None,
+                 no_remedy: str | None = None) -> None:
         self.policy = policy
         self.journal = journal
         self.record: RunRecord = journal.record  # type: ignore[assignment]
@@ -70,6 +71,7 @@ class Healing:
         self.progress_url = progress_url  # the head exporter's progress endpoint: the run's health metrics go there
         self.local_processes = local_processes  # the job's processes run on this machine (a local cluster)
         self.blind_hint = blind_hint  # where to look when no exporter is found (the backend knows)
+        self.no_remedy = no_remedy  # why a faulty node is left as it is, without a remedy (the backend knows)
         self.watcher = Watcher(policy, targets, dead_nodes=remedy.dead_nodes if remedy else list)
         self.stopped_by: Fault | None = None  # the fault that stopped the current attempt
         self.pending: Pending | None = None

@@ -1,6 +1,8 @@
-"""Following a RayJob to its end, like any run: KubeRay supervises it (its retries, its deadlines), the
-launcher watches and records it in the run's journal, streams the driver's output, and exits with the
-run's code.
+"""A RayJob's attempts as the attempt engine (launcher/run.py) follows them, like any run's: KubeRay
+supervises it (its retries, its deadlines: `retries_itself`), the engine watches and records it in the
+run's journal, streams the driver's output, heals it, and exits with the run's code. This module says
+what an attempt's status is (from the RayJob's), where its log comes from, how it is stopped and how a
+restart is done; the life of an attempt is the engine's.
 
 What KubeRay stores, and how it is read here (rayjob_types.go, rayjob_controller.go):
 - the end is the *deployment* status (Complete, Failed), never the Ray job status alone: with retries
@@ -18,7 +20,7 @@ opened again from the last resourceVersion, and a 410 (too old) starts again fro
 from the list's resourceVersion: the object's own may be older than the server's compacted history).
 
 With a health policy (launcher/backends/kuberay/heal.py says what is read and how), the watcher checks
-the running attempt beside the follow loop. A fault the policy restarts for ends the attempt the one way
+the running attempt beside the engine's loop. A fault the policy restarts for ends the attempt the one way
 KubeRay allows (the RayJob deleted, foreground: its RayCluster, Secret and PodMonitor go first), then the
 same RayJob is applied again as the next attempt, with RAYPULSE_RESUME_FROM and a backoffLimit of what is
 left of max_retries: one numbering of attempts, one budget, with KubeRay's own retries in between.
@@ -26,31 +28,31 @@ left of max_retries: one numbering of attempts, one budget, with KubeRay's own r
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from launcher.backends.base import RunEnds, Seen, Submission
 from launcher.backends.kuberay import render as kuberay
 from launcher.backends.kuberay.access import KubeAccess, api_error, kube_api
 from launcher.backends.kuberay.render import KUEUE_QUEUE_LABEL
 from launcher.errors import BadInput
+from launcher.jobs import ClusterLost
 from launcher.journal import Journal
-from launcher.run import Rounds, failures_so_far, finish_run, retry_delay
-from launcher.state import RunRecord, stop_requested, write_private
+from launcher.run import finish_run
+from launcher.state import RunRecord
 
 if TYPE_CHECKING:
     from launcher.backends.kuberay.render import Applied
-    from launcher.healing import Healing
-    from launcher.health.faults import Fault
     from launcher.spec import JobSpec
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayjobs"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the label Kubernetes puts on a Job's pods
 WATCH_SECONDS = 60  # a watch asks the server to close it after this long; it is opened again at once
-LOST_AFTER_S = 30.0  # the API server unreachable this long: the run ends as an infrastructure error
-POLL_S = 0.5  # how often a stop (Ctrl-C, `launcher stop`) is looked for while nothing changes
+POLL_S = 0.5  # how often a submitter pod (or a deleted RayJob's end) is looked for
+VIEW_POLL_S = 0.05  # how often an attempt's log stream looks whether KubeRay started it (no API call)
 LOG_JOIN_S = 5.0  # an ended attempt's log stream gets this long to drain
 GONE_WAIT_S = 300.0  # a RayJob deleted to restart it gets this long to go (its pods stop, the finalizer runs)
 
@@ -60,70 +62,89 @@ VALIDATION_FAILED = "ValidationFailed"
 
 
 @dataclass
-class _Attempt:
-    number: int
-    job_id: str
-    running: bool = False
-    ended: bool = False
-    log: _PodLog | None = None
-
-
-@dataclass
 class _PodLog:
-    """The driver's output of one attempt: the newest submitter pod not seen before, followed to its end."""
+    """The driver's output of one attempt: the newest submitter pod not seen before, once KubeRay started the
+    attempt, followed to its end."""
 
-    follower: RayJobFollower
-    seen: set[str]
+    jobs: RayJobAttempts
+    attempt: int
+    write: Callable[[str], None]
     text: list[str] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
 
-    def start(self) -> None:
-        threading.Thread(target=self._run, name="rayjob-log", daemon=True).start()
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="rayjob-log", daemon=True)
+        thread.start()
+        return thread
 
     def _run(self) -> None:
+        jobs = self.jobs
         try:
             pod = self._pod()
             if pod is None:
                 return
-            response = self.follower.core.read_namespaced_pod_log(pod, self.follower.namespace, follow=True,
-                                                                  _preload_content=False)
+            response = jobs.core.read_namespaced_pod_log(pod, jobs.namespace, follow=True, _preload_content=False)
             try:
                 for chunk in response.stream(4096):
                     text = chunk.decode("utf-8", "replace")
                     self.text.append(text)
-                    self.follower.journal.reporter.log(text)
+                    self.write(text)
             finally:
                 response.release_conn()
         except Exception as exc:  # noqa: BLE001 - the log is a courtesy; the run's outcome stands
-            self.follower.journal.reporter.warn(f"the driver's log stream ended early: {type(exc).__name__}")
+            jobs.journal.reporter.warn(f"the driver's log stream ended early: {type(exc).__name__}")
         finally:
             self.done.set()
 
     def _pod(self) -> str | None:
-        """The attempt's submitter pod: KubeRay creates it a moment after the attempt's jobId."""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not self.follower.finished.is_set():
-            pods = self.follower.core.list_namespaced_pod(
-                self.follower.namespace, label_selector=f"{JOB_NAME_LABEL}={self.follower.name}").items
-            fresh = sorted((pod for pod in pods if pod.metadata.uid not in self.seen),
+        """The attempt's submitter pod: KubeRay creates it a moment after the attempt's jobId (which may be
+        long in coming: a RayJob waits in Kueue's queue until it is admitted)."""
+        jobs, deadline = self.jobs, None
+        while not jobs.finished.is_set() and (deadline is None or time.monotonic() < deadline):
+            if self.attempt not in jobs.views:
+                if jobs.number is not None and jobs.number > self.attempt:
+                    return None  # it never started here: nothing of it to read
+                time.sleep(VIEW_POLL_S)
+                continue
+            deadline = deadline or time.monotonic() + 120
+            pods = jobs.core.list_namespaced_pod(jobs.namespace,
+                                                 label_selector=f"{JOB_NAME_LABEL}={jobs.name}").items
+            fresh = sorted((pod for pod in pods if pod.metadata.uid not in jobs.pods_seen),
                            key=lambda pod: pod.metadata.creation_timestamp or 0)
             if fresh:
-                self.seen.add(fresh[-1].metadata.uid)
+                jobs.pods_seen.add(fresh[-1].metadata.uid)
                 return fresh[-1].metadata.name
             time.sleep(POLL_S)
         return None
 
 
-class RayJobFollower:
-    """One RayJob followed to its end; its events go to the run's journal."""
+def outcome(deployment: str, job_status: str | None, reason: str | None, message: str | None) -> tuple[str, str | None]:
+    """KubeRay's end as the run's final state, and the reason it names."""
+    said = f"KubeRay: {deployment}" + (f" ({reason})" if reason else "") + (f": {message}" if message else "")
+    if deployment == "Complete":
+        return ("SUCCEEDED", None) if job_status == "SUCCEEDED" else \
+            ("STOPPED", said) if job_status == "STOPPED" else ("FAILED", said)
+    if reason == "DeadlineExceeded":
+        return "DEADLINE_EXCEEDED", said
+    if reason in INFRA_REASONS:
+        return "INFRA_ERROR", said
+    return "FAILED", said
 
-    def __init__(self, applied: Applied, access: KubeAccess, journal: Journal, cancel: threading.Event,
-                 healing: Healing | None = None, spec: JobSpec | None = None) -> None:
+
+class RayJobAttempts:
+    """A run's attempts as KubeRay makes them of one RayJob: the attempt engine's Jobs on KubeRay. The RayJob's
+    changes come from a watch (its own thread) and are taken in when the engine asks for an attempt's status;
+    each new `status.jobId` is the next attempt, numbered on from the run's record."""
+
+    names_attempts = False  # KubeRay names each attempt (status.jobId)
+    retries_itself = True  # backoffLimit, activeDeadlineSeconds
+    token = None  # the RayCluster's token is KubeRay's: no per-attempt progress token from here
+
+    def __init__(self, applied: Applied, access: KubeAccess, journal: Journal, spec: JobSpec | None = None) -> None:
         from kubernetes import client
 
-        self.access, self.journal, self.cancel = access, journal, cancel
-        self.healing, self.spec = healing, spec  # with a health policy: the spec to apply again after a fault
-        self.recorder: Rounds | None = None  # the run's recording: a round as each attempt starts and ends
+        self.access, self.journal, self.spec = access, journal, spec  # the spec: applied again to restart
+        self.address = access.server
         self.cluster_name: str | None = None  # the current attempt's RayCluster (status.rayClusterName)
         self._generation = 0  # the RayJob applied last; a watch of an earlier one is dropped
         self.namespace = applied.namespace
@@ -132,9 +153,15 @@ class RayJobFollower:
         self.custom = client.CustomObjectsApi(access.api_client)
         self.core = client.CoreV1Api(access.api_client)
         self.finished = threading.Event()
-        self._updates: queue.Queue[tuple[int, str, dict[str, Any]] | BaseException] = queue.Queue()
-        self._attempts: list[_Attempt] = []
-        self._pods_seen: set[str] = set()
+        self._taking = threading.Lock()  # the watch's thread takes changes in; the engine's reads them
+        self._refused: BadInput | None = None  # KubeRay refused the RayJob (ValidationFailed)
+        self.views: dict[int, Seen] = {}  # each attempt followed here, as KubeRay has it now
+        self.number: int | None = None  # the attempt the RayJob is on
+        self._ended: set[int] = set()
+        self._run_end: tuple[str, str | None] | None = None
+        self._lost: BaseException | None = None
+        self._logs: dict[int, _PodLog] = {}
+        self.pods_seen: set[str] = set()
         self._stopping: str | None = None
 
     @property
@@ -142,7 +169,171 @@ class RayJobFollower:
         assert self.journal.record is not None
         return self.journal.record
 
-    # --- the watch -------------------------------------------------------------------------------
+    def watch(self) -> None:
+        """Start following the RayJob applied last (its changes come in on a thread of their own)."""
+        threading.Thread(target=self._watch, args=(self._generation,), name="rayjob-watch", daemon=True).start()
+
+    def close(self) -> None:
+        """The run has ended (or is left to KubeRay): no more watching, no more waiting for pods."""
+        self.finished.set()
+
+    # --- Jobs ---------------------------------------------------------------------------------------
+
+    def status(self, attempt: int, sid: str | None) -> Seen | None:
+        with self._taking:
+            return self._status(attempt)
+
+    def _status(self, attempt: int) -> Seen | None:
+        if self._refused is not None:
+            raise self._refused
+        if self._lost is not None:
+            raise ClusterLost(f"the Kubernetes API server {self.access.server} does not answer "
+                              f"({type(self._lost).__name__})")
+        view = self.views.get(attempt)
+        if view is not None:
+            return view
+        if self.number is not None and attempt < self.number:  # KubeRay moved past it before it was followed
+            item = self.record.attempt(attempt)
+            return Seen(item.submission_id if item else None, "FAILED", end_time=time.time())
+        if self._run_end is not None:  # the run ended before this attempt started
+            return Seen(None, "STOPPED" if self._run_end[0] == "STOPPED" else "FAILED", run_end=self._run_end)
+        return None
+
+    def submit(self, sid: str | None, submission: Submission) -> None:
+        """The next attempt after one the engine stopped for a fault: the same RayJob applied again, with what
+        is left of max_retries as its backoffLimit and of the deadline as its activeDeadlineSeconds."""
+        spec = self.spec
+        assert spec is not None
+        limit = spec.active_deadline_seconds
+        if limit is not None:  # KubeRay counts it from the RayJob's start: the new one gets what is left
+            left = limit - (time.time() - self.record.created_at)
+            if left < 1:
+                raise RunEnds("DEADLINE_EXCEEDED", f"active_deadline_seconds ({limit}s) passed before the restart")
+            spec = spec.model_copy(update={"active_deadline_seconds": int(left)})
+        applied = kuberay.apply(spec, self.access, attempt_env=submission.env,
+                                backoff_limit=spec.max_attempts - submission.attempt)
+        self.kueue = KUEUE_QUEUE_LABEL in (applied.rayjob["metadata"].get("labels") or {})
+        self.cluster_name = None
+        self.watch()
+
+    def stopping(self, restart: bool) -> str | None:
+        return "suspending the RayJob (Kueue)" if self.kueue and not restart else "deleting the RayJob"
+
+    def stop(self, attempt: int, sid: str | None, restart: bool, why: str | None) -> None:
+        """For good: the RayJob deleted (under Kueue, suspended: its quota is given back and the RayJob stays
+        for the queue to see); the run ends when the watch sees it go. To restart: deleted, foreground (its
+        RayCluster, Secret and PodMonitor go first), and waited for, so the next one can be applied."""
+        if not restart:
+            self._stopping = "stop requested"
+            if self.kueue:
+                self._call("patch rayjobs", lambda: self.custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, PLURAL, self.name, {"spec": {"suspend": True}}))
+            else:
+                self._delete()
+            return
+        with self._taking:
+            self._generation += 1  # the deleted RayJob's watch ends; its news is dropped
+        self._delete(foreground=True)
+        gone = self._gone()
+        with self._taking:
+            if attempt in self.views and attempt not in self._ended:
+                self._end(attempt, "STOPPED", why)
+        if not gone:
+            raise RunEnds("INFRA_ERROR", f"the RayJob {self.name}, deleted to restart it, was still there after "
+                          f"{GONE_WAIT_S:.0f}s")
+
+    def follow_logs(self, attempt: int, sid: str | None, write: Callable[[str], None]) -> threading.Thread:
+        log = self._logs[attempt] = _PodLog(self, attempt, write)
+        return log.start()
+
+    def logs(self, attempt: int, sid: str | None) -> str:
+        log = self._logs.get(attempt)
+        if log is None:
+            raise LookupError(f"the submitter pod's log of attempt {attempt} was not followed")
+        log.done.wait(LOG_JOIN_S)
+        return "".join(log.text)
+
+    # --- the RayJob's changes --------------------------------------------------------------------------
+
+    def _put(self, update: tuple[int, str, dict[str, Any]] | BaseException) -> None:
+        """One change from the watch, taken in at once (an error: the API server is lost until a change comes
+        again), so an attempt's start is known as it happens (its submitter pod's log is read from then)."""
+        with self._taking:
+            if isinstance(update, BaseException):
+                self._lost = update
+                return
+            self._lost = None
+            generation, kind, obj = update
+            if generation != self._generation:  # the RayJob deleted to restart it: not the run's news
+                return
+            try:
+                self._take(kind, obj)
+            except BadInput as exc:
+                self._refused = exc
+
+    def _take(self, kind: str, obj: dict[str, Any]) -> None:
+        """One version of the RayJob, as the attempts' views and the run's end. BadInput for ValidationFailed
+        (the RayJob is deleted)."""
+        current = self.number
+        view = self.views.get(current) if current is not None else None
+        if kind == "DELETED":
+            if current is not None and view is not None and current not in self._ended:
+                self._end(current, "STOPPED", None)
+            self._run_ends(("STOPPED", f"the RayJob was deleted ({self._stopping or 'not by this launcher'})"))
+            return
+        status = obj.get("status") or {}
+        deployment, job_status = status.get("jobDeploymentStatus"), status.get("jobStatus")
+        reason, message = status.get("reason"), status.get("message")
+        self.cluster_name = status.get("rayClusterName") or self.cluster_name
+        if deployment == VALIDATION_FAILED:
+            self._delete()
+            raise BadInput(f"KubeRay refused RayJob {self.name} ({VALIDATION_FAILED}: {message or 'no message'}); "
+                           "it never ran and was deleted: fix the spec and submit again")
+        job_id = status.get("jobId")
+        # A new jobId is the next attempt; so is the same one coming back after a retry (a user's
+        # --submission-id is the RayJob's spec.jobId, which KubeRay reuses on every retry).
+        again = current in self._ended and deployment == "Running" and job_status in ("PENDING", "RUNNING")
+        if job_id and (view is None or view.submission_id != job_id or again):
+            if current is not None and view is not None and current not in self._ended:
+                self._end(current, "FAILED", message)  # KubeRay moved on: the last attempt failed
+            current = self._started(job_id)
+            view = self.views[current]
+        if current is None or view is None:
+            return
+        if job_status == "RUNNING" and view.status == "PENDING" and deployment not in ("Failed", "Complete"):
+            view.status = "RUNNING"
+        if deployment == "Retrying" and current not in self._ended:
+            self._end(current, job_status or "FAILED", message, retried=True)
+        elif deployment == "Suspended" and self._stopping:
+            if current not in self._ended:
+                self._end(current, "STOPPED", message)
+            self._run_ends(("STOPPED", f"the RayJob was suspended ({self._stopping})"))
+        elif deployment in ("Complete", "Failed"):
+            state, why = outcome(deployment, job_status, reason, message)
+            if current not in self._ended:
+                self._end(current, job_status or state, message if state != "SUCCEEDED" else None)
+            self._run_ends((state, why))
+
+    def _started(self, job_id: str) -> int:
+        """A new jobId: KubeRay's next attempt (or, following a RayJob again, one the record has already)."""
+        followed = set(self.views)
+        known = next((item for item in self.record.attempts
+                      if item.submission_id == job_id and item.attempt not in followed), None)
+        number = known.attempt if known is not None else max(
+            [item.attempt for item in self.record.attempts] + list(followed), default=0) + 1
+        self.views[number] = Seen(job_id, "PENDING")
+        self.number = number
+        return number
+
+    def _end(self, attempt: int, status: str, message: str | None, retried: bool = False) -> None:
+        view = self.views[attempt]
+        view.status, view.message, view.end_time, view.retried = status, message, time.time(), retried
+        self._ended.add(attempt)
+
+    def _run_ends(self, end: tuple[str, str | None]) -> None:
+        self._run_end = end
+        if self.number is not None and self.number in self.views:
+            self.views[self.number].run_end = end
 
     def _watch(self, generation: int) -> None:
         """Feed the RayJob's changes to the follow loop; opened again whenever the server closes it (until
@@ -158,10 +349,10 @@ class RayJobFollower:
                     listed = self.custom.list_namespaced_custom_object(
                         GROUP, VERSION, self.namespace, PLURAL, field_selector=f"metadata.name={self.name}")
                     if not listed.get("items"):
-                        self._updates.put((generation, "DELETED", {}))
+                        self._put((generation, "DELETED", {}))
                         return
                     version = listed["metadata"].get("resourceVersion")
-                    self._updates.put((generation, "MODIFIED", listed["items"][0]))
+                    self._put((generation, "MODIFIED", listed["items"][0]))
                 stream = watch.Watch().stream(
                     self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
                     field_selector=f"metadata.name={self.name}", resource_version=version,
@@ -169,7 +360,7 @@ class RayJobFollower:
                 for event in stream:
                     obj = event["raw_object"]
                     version = obj.get("metadata", {}).get("resourceVersion", version)
-                    self._updates.put((generation, event["type"], obj))
+                    self._put((generation, event["type"], obj))
                     if self.finished.is_set() or generation != self._generation:
                         break
             except ApiException as exc:
@@ -177,233 +368,13 @@ class RayJobFollower:
                     version = None
                     continue
                 if exc.status == 404:
-                    self._updates.put((generation, "DELETED", {}))
+                    self._put((generation, "DELETED", {}))
                     return
-                self._updates.put(exc)
+                self._put(exc)
                 time.sleep(1)
             except Exception as exc:  # noqa: BLE001 - the loop decides when a lost server ends the run
-                self._updates.put(exc)
+                self._put(exc)
                 time.sleep(1)
-
-    # --- the follow loop ------------------------------------------------------------------------
-
-    def follow(self) -> RunRecord:
-        """Follow the RayJob to KubeRay's end of it. BadInput for ValidationFailed (the RayJob is deleted)."""
-        self._start_watch()
-        lost_since: float | None = None
-        try:
-            while True:
-                if self._stopping is None and self._stop_asked():
-                    self._stop()
-                fault = self._polled()
-                if fault is not None:
-                    ended = self._restart(fault)
-                    if ended is not None:
-                        return ended
-                    continue
-                try:
-                    update = self._updates.get(timeout=POLL_S)
-                except queue.Empty:
-                    continue
-                if isinstance(update, BaseException):
-                    lost_since = lost_since or time.monotonic()
-                    if time.monotonic() - lost_since > LOST_AFTER_S:
-                        return self._end("INFRA_ERROR", f"the Kubernetes API server {self.access.server} was "
-                                         f"unreachable for {LOST_AFTER_S:.0f}s ({type(update).__name__})")
-                    continue
-                lost_since = None
-                generation, kind, obj = update
-                if generation != self._generation:
-                    continue  # the RayJob deleted to restart it: its last news is not the run's
-                ended = self._observe(kind, obj)
-                if ended is not None:
-                    return ended
-        finally:
-            self.finished.set()
-
-    def _observe(self, kind: str, obj: dict[str, Any]) -> RunRecord | None:
-        """Take in one version of the RayJob; the run's record when it ended."""
-        if kind == "DELETED":
-            current = self._attempts[-1] if self._attempts else None
-            if current is not None and not current.ended:
-                self._attempt_ended(current, "STOPPED", None)
-            return self._end("STOPPED", f"the RayJob was deleted ({self._stopping or 'not by this launcher'})")
-        status = obj.get("status") or {}
-        deployment, job_status = status.get("jobDeploymentStatus"), status.get("jobStatus")
-        reason, message = status.get("reason"), status.get("message")
-        self.cluster_name = status.get("rayClusterName") or self.cluster_name
-        if deployment == VALIDATION_FAILED:
-            self._delete()
-            raise BadInput(f"KubeRay refused RayJob {self.name} ({VALIDATION_FAILED}: {message or 'no message'}); "
-                           "it never ran and was deleted: fix the spec and submit again")
-        job_id = status.get("jobId")
-        current = self._attempts[-1] if self._attempts else None
-        # A new jobId is the next attempt; so is the same one coming back after a retry (a user's
-        # --submission-id is the RayJob's spec.jobId, which KubeRay reuses on every retry).
-        again = current is not None and current.ended and deployment == "Running" \
-            and job_status in ("PENDING", "RUNNING")
-        if job_id and (current is None or current.job_id != job_id or again):
-            if current is not None and not current.ended:  # KubeRay moved on: the last attempt failed
-                self._attempt_ended(current, "FAILED", message)
-            current = self._attempt_started(job_id)
-        if current is None:
-            return None
-        if job_status == "RUNNING" and not current.running and deployment not in ("Failed", "Complete"):
-            current.running = True
-            item = self.record.attempt(current.number)
-            if item is not None:
-                item.status = "RUNNING"
-            self.journal.emit("attempt.running", attempt=current.number, submission_id=current.job_id)
-            if self.healing is not None:
-                self.healing.running(time.time())
-        if deployment == "Retrying" and not current.ended:
-            self._attempt_ended(current, job_status or "FAILED", message)
-            self.journal.emit("retry.scheduled", attempt=current.number, delay=0, cause="failed")
-        elif deployment == "Suspended" and self._stopping:
-            if not current.ended:
-                self._attempt_ended(current, "STOPPED", message)
-            return self._end("STOPPED", f"the RayJob was suspended ({self._stopping})")
-        elif deployment in ("Complete", "Failed"):
-            state, why = self._outcome(deployment, job_status, reason, message)
-            if not current.ended:
-                self._attempt_ended(current, job_status or state, message if state != "SUCCEEDED" else None)
-            return self._end(state, why)
-        return None
-
-    @staticmethod
-    def _outcome(deployment: str, job_status: str | None, reason: str | None,
-                 message: str | None) -> tuple[str, str | None]:
-        """KubeRay's end as the run's final state, and the reason it names."""
-        said = f"KubeRay: {deployment}" + (f" ({reason})" if reason else "") + (f": {message}" if message else "")
-        if deployment == "Complete":
-            return ("SUCCEEDED", None) if job_status == "SUCCEEDED" else \
-                ("STOPPED", said) if job_status == "STOPPED" else ("FAILED", said)
-        if reason == "DeadlineExceeded":
-            return "DEADLINE_EXCEEDED", said
-        if reason in INFRA_REASONS:
-            return "INFRA_ERROR", said
-        return "FAILED", said
-
-    def _attempt_started(self, job_id: str) -> _Attempt:
-        """A new jobId: KubeRay's next attempt (or, following a RayJob again, one the record has already)."""
-        followed = {attempt.number for attempt in self._attempts}
-        known = next((item for item in self.record.attempts
-                      if item.submission_id == job_id and item.attempt not in followed), None)
-        number = known.attempt if known is not None else max((item.attempt for item in self.record.attempts),
-                                                              default=0) + 1
-        attempt = _Attempt(number, job_id)
-        self._attempts.append(attempt)
-        if known is None:
-            self.journal.emit("attempt.submitted", attempt=number, submission_id=job_id, address=self.access.server)
-        attempt.log = _PodLog(self, self._pods_seen)
-        attempt.log.start()
-        if self.healing is not None:
-            self.healing.watch(number, job_id)
-        if self.recorder is not None:
-            self.recorder.record_soon()
-        return attempt
-
-    def _attempt_ended(self, attempt: _Attempt, status: str, message: str | None, state: str | None = None) -> None:
-        attempt.ended = True
-        if self.healing is not None:
-            self.healing.pause()  # no checks of an attempt that is over
-        if self.recorder is not None:
-            self.recorder.record_once()  # its last values, while its pods may still answer
-        if attempt.log is not None:
-            attempt.log.done.wait(LOG_JOIN_S)
-            write_private(self.record.attempt_log(attempt.number), "".join(attempt.log.text))
-        item = self.record.attempt(attempt.number)
-        if item is not None:
-            item.status, item.message = status, message
-            item.ended_at = time.time()
-        self.journal.emit("attempt.finished", attempt=attempt.number, submission_id=attempt.job_id, status=status,
-                          state=state or status, message=message)
-
-    def _end(self, state: str, reason: str | None) -> RunRecord:
-        self.finished.set()
-        if self.healing is None:
-            return finish_run(self.journal, state, reason)
-        ratio = self.healing.effective_training_ratio()
-        self.healing.close()
-        return finish_run(self.journal, state, reason, effective_training_ratio=ratio)
-
-    # --- healing --------------------------------------------------------------------------------
-
-    def _start_watch(self) -> None:
-        threading.Thread(target=self._watch, args=(self._generation,), name="rayjob-watch", daemon=True).start()
-
-    def _stop_asked(self) -> bool:
-        return self.cancel.is_set() or stop_requested(self.record.run_id)
-
-    def _polled(self) -> Fault | None:
-        """The fault a check beside the loop decided for the running attempt, if any (never waits for one)."""
-        current = self._attempts[-1] if self._attempts else None
-        if self.healing is None or self._stopping or current is None or not current.running or current.ended:
-            return None
-        return self.healing.poll(None)
-
-    def _restart(self, fault: Fault) -> RunRecord | None:
-        """End the faulty attempt (the RayJob deleted) and, by the policy and what is left of max_retries,
-        apply it again as the next attempt; the run's record when it ends here instead."""
-        assert self.healing is not None
-        assert self.spec is not None
-        current = self._attempts[-1]
-        self.journal.emit("attempt.stopping", attempt=current.number, submission_id=current.job_id,
-                          reason="UNHEALTHY", why=f"{fault.summary}; deleting the RayJob")
-        self._generation += 1  # the deleted RayJob's watch ends; its news is dropped
-        self._delete(foreground=True)
-        gone = self._gone()
-        self._attempt_ended(current, "STOPPED", fault.summary, state="UNHEALTHY")
-        if not gone:
-            return self._end("INFRA_ERROR", f"the RayJob {self.name}, deleted to restart it, was still there after "
-                             f"{GONE_WAIT_S:.0f}s")
-        if self._stop_asked():
-            return self._end("STOPPED", "stopped while the attempt was being restarted (the RayJob is deleted)")
-        spec = self.spec
-        ending = self.healing.end_instead(fault, current.number < spec.max_attempts, spec.max_retries)
-        if ending is not None:
-            return self._end(*ending)
-        node_out = self._keep_out(fault)
-        delay = retry_delay(spec, failures_so_far(self.record), node_out)
-        self.journal.emit("retry.scheduled", attempt=current.number, delay=delay, cause=fault.kind.value)
-        if self._stopped_within(delay):
-            return self._end("STOPPED", "stopped during the backoff before a retry (the RayJob is deleted)")
-        following = current.number + 1
-        limit = spec.active_deadline_seconds
-        if limit is not None:  # KubeRay counts it from the RayJob's start: the new one gets what is left
-            left = limit - (time.time() - self.record.created_at)
-            if left < 1:
-                return self._end("DEADLINE_EXCEEDED", f"active_deadline_seconds ({limit}s) passed before the "
-                                 "restart")
-            spec = spec.model_copy(update={"active_deadline_seconds": int(left)})
-        applied = kuberay.apply(spec, self.access, attempt_env=self.healing.attempt_env(following),
-                                backoff_limit=spec.max_attempts - following)
-        self.kueue = KUEUE_QUEUE_LABEL in (applied.rayjob["metadata"].get("labels") or {})
-        self.cluster_name = None
-        self._start_watch()
-        return None
-
-    def _stopped_within(self, seconds: float) -> bool:
-        """Wait out the backoff; True as soon as a stop is asked (Ctrl-C sets `cancel`, `launcher stop` a file)."""
-        deadline = time.monotonic() + seconds
-        while True:
-            if self._stop_asked():
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self.cancel.wait(min(POLL_S, left))
-
-    def _keep_out(self, fault: Fault) -> bool:
-        """The faulty node kept out of the next attempt where the policy allows (cordoned); True if it was."""
-        assert self.healing is not None
-        if not fault.node_out or fault.node is None:
-            return False
-        if self.healing.remedy is None:
-            self.journal.emit("node.left", node=fault.node, reason=fault.summary,
-                              why="health.cordon_nodes is off: the node is not cordoned")
-            return False
-        return self.healing.remedy_node(fault)
 
     def _gone(self) -> bool:
         """Wait until the RayJob is gone (True), or GONE_WAIT_S passed."""
@@ -421,22 +392,6 @@ class RayJobFollower:
                 pass  # the API server blinked: ask again
             time.sleep(POLL_S)
         return False
-
-    # --- stopping -------------------------------------------------------------------------------
-
-    def _stop(self) -> None:
-        """Ctrl-C or `launcher stop`: delete the RayJob (under Kueue, suspend it: its quota is given back and
-        the RayJob stays for the queue to see). The run ends when the watch sees it go."""
-        self._stopping = "stop requested"
-        current = self._attempts[-1] if self._attempts else None
-        self.journal.emit("attempt.stopping", attempt=current.number if current else 0,
-                          submission_id=current.job_id if current else self.name, reason="STOPPED",
-                          why="suspending the RayJob (Kueue)" if self.kueue else "deleting the RayJob")
-        if self.kueue:
-            self._call("patch rayjobs", lambda: self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, self.name, {"spec": {"suspend": True}}))
-        else:
-            self._delete()
 
     def _delete(self, foreground: bool = False) -> None:
         """Foreground to restart: the RayJob goes only after what it owns (its Secret among them), so the one
@@ -458,16 +413,10 @@ class RayJobFollower:
             raise api_error(exc, self.access, action, self.namespace) from None
 
 
-def follow(applied: Applied, access: KubeAccess, journal: Journal, cancel: threading.Event,
-           healing: Healing | None = None, spec: JobSpec | None = None) -> RunRecord:
-    """Follow the applied RayJob to its end (the journal's record is the run's), healing it by `healing`."""
-    return RayJobFollower(applied, access, journal, cancel, healing, spec).follow()
-
-
 # --- runs nothing follows (--no-wait, a launcher that was killed) ----------------------------------
 
 
-def _reach(record: RunRecord) -> tuple[RayJobFollower, dict[str, Any] | None]:
+def _reach(record: RunRecord) -> tuple[RayJobAttempts, dict[str, Any] | None]:
     """The run's RayJob, read once, through the context and namespace its record names (None: gone)."""
     from kubernetes.client.rest import ApiException
     from urllib3.exceptions import HTTPError
@@ -476,8 +425,8 @@ def _reach(record: RunRecord) -> tuple[RayJobFollower, dict[str, Any] | None]:
 
     access = kube_api(record.spec.get("context"))
     namespace = record.spec.get("namespace") or access.namespace
-    follower = RayJobFollower(Applied(namespace, {"metadata": {"name": record.run_id}}, [], True, "ok"), access,
-                              Journal(record=record), threading.Event())
+    follower = RayJobAttempts(Applied(namespace, {"metadata": {"name": record.run_id}}, [], True, "ok"), access,
+                              Journal(record=record))
     try:
         obj = follower.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, record.run_id)
     except ApiException as exc:
@@ -510,7 +459,7 @@ def catch_up(record: RunRecord) -> None:
             latest.status, latest.message, latest.ended_at = ended, status.get("message"), time.time()
             follower.journal.emit("attempt.finished", attempt=latest.attempt, submission_id=latest.submission_id,
                                   status=ended, state=ended, message=latest.message)
-        finish_run(follower.journal, *follower._outcome(deployment, status.get("jobStatus"), status.get("reason"),
+        finish_run(follower.journal, *outcome(deployment, status.get("jobStatus"), status.get("reason"),
                                                         status.get("message")))
     elif deployment == VALIDATION_FAILED:
         finish_run(follower.journal, "FAILED", f"KubeRay refused RayJob {record.run_id} "
@@ -526,14 +475,16 @@ def stop_unfollowed(record: RunRecord) -> list[str]:
     the run finished STOPPED. The RayJob's name, if it was still there."""
     follower, obj = _reach(record)
     if obj is not None:
-        follower._stop()
+        follower.journal.emit("attempt.stopping", attempt=0, submission_id=follower.name, reason="STOPPED",
+                              why=follower.stopping(restart=False))
+        follower.stop(0, None, False, None)
     if record.exit_code is None:
         done = "was gone" if obj is None else "suspended (Kueue)" if follower.kueue else "deleted"
         finish_run(follower.journal, "STOPPED", f"stopped by `launcher stop` (the RayJob {done})")
     return [record.run_id] if obj is not None else []
 
 
-def live_log(record: RunRecord, write: Any, follow: bool) -> bool:
+def pod_log(record: RunRecord, write: Any, follow: bool) -> bool:
     """`launcher logs` of a KubeRay run's latest attempt while its submitter pod is there: the pod's log
     (followed to its end with `follow`). False when there is no such pod (the saved log is then read)."""
     from kubernetes.client.rest import ApiException

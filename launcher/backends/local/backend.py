@@ -15,6 +15,7 @@ from launcher.backends.exporters import ClusterExporters
 from launcher.backends.kept import cluster_client, local_checkpoint_dir, reach_cluster
 from launcher.backends.kinds import LocalKind
 from launcher.backends.local.cluster import LocalCluster
+from launcher.backends.rayjobs import OnRayJobs, RayJobs
 from launcher.errors import BadInput, InfraError
 from launcher.health.faults import Fault
 from launcher.jobs import JobsClient
@@ -23,7 +24,6 @@ from launcher.run import finish_run
 from launcher.state import ClusterRecord, RunRecord, load_cluster, load_run
 
 if TYPE_CHECKING:
-    from launcher.display import Reporter
     from launcher.spec import JobSpec
 
 UP_CLUSTER_NAME = "local"  # `launcher up` without --name
@@ -53,9 +53,10 @@ class LocalPlacement(Placement):
     """A run on a local cluster: its exporters are the cluster's, and the cluster goes with the run
     unless it is kept."""
 
-    def __init__(self, cluster: LocalCluster, client: JobsClient) -> None:
-        super().__init__(client=client, exporters=ClusterExporters(lambda: cluster.record),
-                         remedy=LocalRemedy(cluster), local_processes=True)
+    def __init__(self, cluster: LocalCluster, client: JobsClient, spec: JobSpec) -> None:
+        super().__init__(jobs=RayJobs(client, spec), dashboard=client.dashboard,
+                         exporters=ClusterExporters(lambda: cluster.record), remedy=LocalRemedy(cluster),
+                         local_processes=True)
         self._cluster = cluster
 
     @property
@@ -78,7 +79,7 @@ class LocalPlacement(Placement):
         self._cluster.teardown()
 
 
-class LocalBackend(LocalKind):
+class LocalBackend(LocalKind, OnRayJobs):
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
@@ -98,9 +99,6 @@ class LocalBackend(LocalKind):
         return ("the local cluster this submit starts is torn down when the command returns, and the job with it; "
                 "add --keep-cluster (stop it later with `launcher down RUN_ID`), or submit to a running cluster "
                 "(--cluster NAME from `launcher up`, or --address URL)")
-
-    def hand_off(self, reporter: Reporter, cancel: threading.Event, detach: bool) -> RunRecord:
-        raise NotImplementedError("local runs are followed")
 
     def checkpoint_dir(self) -> str | None:
         return local_checkpoint_dir(self.spec)
@@ -124,7 +122,7 @@ class LocalBackend(LocalKind):
             cluster = LocalCluster.adopt(left, journal, cancel)
             client = cluster_client(left.name)[1]
             journal.emit("run.placed", address=left.address, cluster=left.name, kept=left.kept)
-            return LocalPlacement(cluster, client)
+            return LocalPlacement(cluster, client, spec)
         # Ray's Jobs client takes a second to import: do it while the nodes start.
         threading.Thread(target=importlib.import_module, args=("ray.job_submission",), daemon=True).start()
         # A detached run's exporters start with the cluster: nothing is left to start them later.
@@ -145,4 +143,4 @@ class LocalBackend(LocalKind):
         except BaseException:
             cluster.teardown()
             raise
-        return LocalPlacement(cluster, client)
+        return LocalPlacement(cluster, client, spec)
