@@ -30,11 +30,11 @@ from launcher import detach as detaching
 from launcher import recording, target
 from launcher.backends.base import Followed, Placement
 from launcher.backends.kept import cluster_client
-from launcher.backends.local.cluster import Cancelled, LocalCluster, forget_cluster, stop_cluster_processes
+from launcher.backends.local.cluster import LocalCluster, forget_cluster, stop_cluster_processes
 from launcher.backends.rayjobs import stop_attempts, stream_log
 from launcher.backends.registry import BACKENDS, TARGETED, resolve, target_client
 from launcher.display import Reporter
-from launcher.errors import BadInput, InfraError
+from launcher.errors import BadInput, Cancelled, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
 from launcher.healing import Healing
 from launcher.health import stacks

@@ -29,10 +29,9 @@ from launcher.backends.existing import client_for
 from launcher.backends.kuberay import render as kuberay
 from launcher.backends.kuberay.backend import KubeRayBackend
 from launcher.backends.local.backend import UP_CLUSTER_NAME, LocalBackend
-from launcher.backends.local.cluster import Cancelled
 from launcher.backends.registry import resolve
 from launcher.display import PlainReporter, Reporter, RichReporter, reporter_for_terminal
-from launcher.errors import BadInput, InfraError
+from launcher.errors import BadInput, Cancelled, InfraError
 from launcher.exitcodes import ExitCode
 from launcher.failing import fail
 from launcher.flags import spec_data, spec_from_options, spec_options

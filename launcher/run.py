@@ -1,9 +1,15 @@
-"""A run: one logical job across attempts, on a cluster reached through the Jobs API.
+"""A run: one logical job across attempts, and the one engine that lives them on every backend. What
+differs per backend is its Jobs (launcher/backends/base.py): how an attempt is submitted, what its
+status is, where its log comes from, how it is stopped; Ray's Jobs API for local and existing clusters
+(launcher/backends/rayjobs.py), a RayJob on KubeRay (launcher/backends/kuberay/follow.py). The stops,
+deadlines, a lost API, healing, each attempt's bookkeeping and the run's end are the engine's alone.
 
 Submission is idempotent by submission id, as KubeRay's submitter does it: attempt n of run R is
 `R-a<n>`; before submitting, the run asks the cluster for that id and follows the job it finds
 instead of submitting twice. A failed attempt is retried as a new attempt after a backoff (doubling,
-capped) up to max_retries; a stop or a deadline ends the run without retry. Every attempt carries
+capped) up to max_retries; a stop or a deadline ends the run without retry. Where the platform retries
+itself (KubeRay: `retries_itself`), the engine follows its retries and takes its end, enforces none of
+the deadlines (the platform does), and restarts an attempt only for a fault it stopped. Every attempt carries
 the raypulse.* metadata that the exporter turns into job labels. Every change is an event of the
 run's journal (launcher/journal.py), which keeps the record, the audit log, the trace and the
 display in step.
