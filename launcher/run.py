@@ -341,8 +341,9 @@ class Run:
                 self.jobs.submit(sid, Submission(attempt, extra, self.journal.traceparent(),
                                                  self.journal.run_trace.trace_id))
             except (BadInput, InfraError) as exc:
-                if sid is not None:
-                    self.journal.emit("attempt.submit_failed", attempt=attempt, submission_id=sid, error=str(exc))
+                if sid is not None:  # the backend's own error, as it said it (the cause), in the journal
+                    self.journal.emit("attempt.submit_failed", attempt=attempt, submission_id=sid,
+                                      error=str(exc.__cause__ or exc))
                 raise
         if sid is not None:
             self._submitted(attempt, sid)
@@ -514,7 +515,8 @@ class Run:
             self._submitted(attempt, seen.submission_id)  # the platform started (named) it
         if seen.submission_id is None:
             return seen.status
-        self._watch_health(attempt)
+        if not self.jobs.names_attempts:
+            self._watch_health(attempt)  # a platform's attempt is watched from when it is seen (submit or find)
         record = update_attempt(self.record, attempt, seen)
         status = seen.status
         started = status == "RUNNING" and record.running_at is None

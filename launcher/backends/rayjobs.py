@@ -43,11 +43,11 @@ class RayJobs:
                                                                       submission.env),
                                job_metadata(self.spec, attempt, submission.trace_id), **entrypoint_options(self.spec))
         except (ValueError, TypeError) as exc:  # Ray's client checks the runtime env before it sends it
-            raise BadInput(f"runtime_env: Ray's client refused attempt {attempt}: {exc}") from None
-        except RuntimeError as exc:
+            raise BadInput(f"runtime_env: Ray's client refused attempt {attempt}: {exc}") from exc
+        except RuntimeError as exc:  # (the cause is Ray's own error, which the journal keeps)
             if "status code 4" in str(exc):
-                raise BadInput(f"the cluster refused attempt {attempt}: {exc}") from None
-            raise InfraError(f"submitting attempt {attempt} failed: {exc}") from None
+                raise BadInput(f"the cluster refused attempt {attempt}: {exc}") from exc
+            raise InfraError(f"submitting attempt {attempt} failed: {exc}") from exc
 
     def stop(self, attempt: int, sid: str | None, restart: bool, why: str | None) -> None:
         assert sid is not None
