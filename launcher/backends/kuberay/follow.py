@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from launcher.backends.base import RunEnds, Seen, Submission
@@ -191,7 +191,7 @@ class RayJobAttempts:
                               f"({type(self._lost).__name__})")
         view = self.views.get(attempt)
         if view is not None:
-            return view
+            return replace(view)  # as it is now: the watch's thread goes on changing its own
         if self.number is not None and attempt < self.number:  # KubeRay moved past it before it was followed
             item = self.record.attempt(attempt)
             return Seen(item.submission_id if item else None, "FAILED", end_time=time.time())
