@@ -23,26 +23,24 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from exporter.contract import wire
 from launcher import detach as detaching
 from launcher import recording, target
-from launcher.backends import kuberay_follow
-from launcher.backends.base import Backend, Placement
-from launcher.backends.existing import ExistingBackend, client_for
-from launcher.backends.kuberay import KubeRayBackend
-from launcher.backends.local import cluster_client
-from launcher.backends.registry import BACKENDS, resolve
+from launcher.backends.base import Followed, Placement
+from launcher.backends.kept import cluster_client
+from launcher.backends.local.cluster import LocalCluster, forget_cluster, stop_cluster_processes
+from launcher.backends.rayjobs import stop_attempts, stream_log
+from launcher.backends.registry import BACKENDS, TARGETED, resolve, target_client
 from launcher.display import Reporter
-from launcher.errors import BadInput, InfraError
+from launcher.errors import BadInput, Cancelled, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
 from launcher.healing import Healing
 from launcher.health import stacks
 from launcher.jobs import TERMINAL, JobsClient
 from launcher.journal import Journal
-from launcher.local import Cancelled, LocalCluster, forget_cluster, stop_cluster_processes
-from launcher.run import Run, job_view, update_attempt
+from launcher.run import Run, job_view, seen_of, update_attempt
 from launcher.runtime_env import is_remote
 from launcher.spec import JobSpec, build_spec
 from launcher.state import (
@@ -51,7 +49,6 @@ from launcher.state import (
     claim_supervision,
     load_cluster,
     load_run,
-    release_supervision,
     request_stop,
     run_dir,
 )
@@ -90,7 +87,7 @@ def _healing(spec: JobSpec, journal: Journal, placement: Placement) -> Healing |
     if not spec.health.enabled:
         return None
     exporters = placement.exporters
-    return Healing(spec.health, journal, exporters.targets, placement.remedy, placement.client.dashboard,
+    return Healing(spec.health, journal, exporters.targets, placement.remedy, placement.dashboard,
                    progress_url=exporters.progress_url, local_processes=placement.local_processes)
 
 
@@ -130,15 +127,16 @@ class RunHandle:
 
     def status(self) -> RunRecord:
         """The run record with the current attempt refreshed from the cluster."""
-        record = self._run.record
-        if record.exit_code is None and self._run.current:
-            details = self._run.client.details(self._run.submission_id(self._run.current))
-            if details is not None:
-                update_attempt(record, self._run.current, details)
+        record, current = self._run.record, self._run.current
+        if record.exit_code is None and current:
+            seen = self._run.jobs.status(current, self._run.submission_id(current))
+            if seen is not None and seen.submission_id is not None:
+                update_attempt(record, current, seen)
         return record
 
     def logs(self, attempt: int | None = None) -> str:
-        return self._run.client.logs(self._run.submission_id(attempt or self._run.current))
+        chosen = attempt or self._run.current
+        return self._run.jobs.logs(chosen, self._run.submission_id(chosen))
 
     def stop(self) -> None:
         """Stop the current attempt; no retry follows. wait() then returns with state STOPPED."""
@@ -193,10 +191,11 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
     spec = _check_local_paths(spec.with_run_id())
     if detach:
         spec = detaching.spec_for_no_wait(spec)
-    backend = resolve(spec)
-    if not backend.followed:
-        raise BadInput(f"backend: {backend.name} runs are handed off, not followed: `launcher submit --backend "
-                       f"{backend.name}` applies them (the backend's hand_off())")
+    resolved = resolve(spec)
+    if not resolved.followed:
+        raise BadInput(f"backend: {resolved.name} runs are handed off, not followed: `launcher submit --backend "
+                       f"{resolved.name}` applies them (the backend's hand_off())")
+    backend = cast(Followed, resolved)  # its capability says it has the followed part of the protocol
     cancel = cancel or threading.Event()
     checkpoint_dir = backend.checkpoint_dir()
     record = backend.run_record()
@@ -223,14 +222,14 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
     return handle
 
 
-def _start(spec: JobSpec, journal: Journal, backend: Backend, cancel: threading.Event, follow_logs: bool,
+def _start(spec: JobSpec, journal: Journal, backend: Followed, cancel: threading.Event, follow_logs: bool,
            detach: bool) -> RunHandle:
     """submit() past its checks: the cluster, then the first attempt (inside the run's trace)."""
     placement = backend.place(journal, cancel, detach)
     # A new local cluster's exporters start once the job runs: on a small machine their start-up
     # would otherwise compete with the job's (the run also starts them if it stays pending).
     recorder = None if detach else _recorder(spec, journal, placement)  # nothing follows a detached run
-    run = Run(spec, placement.client, journal, cancel, follow_logs=follow_logs, on_running=placement.on_running,
+    run = Run(spec, placement.jobs, journal, cancel, follow_logs=follow_logs, on_running=placement.on_running,
               healing=_healing(spec, journal, placement), recorder=recorder)
     try:
         run.start()
@@ -316,11 +315,11 @@ def runs_on_cluster(client: JobsClient) -> dict[str, RunRecord]:
         metadata = job.metadata or {}
         run_id = metadata.get(wire.META_RUN_ID) or job.submission_id or job.job_id
         run = runs.setdefault(run_id, RunRecord(
-            run_id=run_id, name=metadata.get(wire.META_JOB_NAME, run_id), backend=ExistingBackend.name,
+            run_id=run_id, name=metadata.get(wire.META_JOB_NAME, run_id), backend=TARGETED,
             address=client.address, max_attempts=int(metadata.get(wire.META_MAX_ATTEMPTS, 1)),
             created_at=(job.start_time or 0) / 1000))
         run.trace_id = metadata.get(wire.META_TRACE_ID) or run.trace_id  # the latest traced submit's
-        update_attempt(run, int(metadata.get(wire.META_ATTEMPT, 1)), job)
+        update_attempt(run, int(metadata.get(wire.META_ATTEMPT, 1)), seen_of(job))
     for run in runs.values():
         last = run.attempts[-1].status
         run.state = last if last in TERMINAL or last == "RUNNING" else "PENDING"
@@ -334,27 +333,16 @@ def status(run_id: str, *, address: str | None = None, cluster: str | None = Non
     """The run as this machine recorded it, refreshed from its cluster while that answers; or,
     with address/cluster, as that cluster knows it."""
     if address or cluster:
-        runs = runs_on_cluster(client_for(address, cluster, token_path))
+        runs = runs_on_cluster(target_client(address, cluster, token_path))
         if run_id in runs:
             return runs[run_id]
         raise BadInput(f"run_id: the cluster has no job of run {run_id!r}")
     record = load_run(run_id)
     if record is None:
         raise BadInput(f"run_id: no run {run_id!r} is recorded here; give --address or --cluster to ask a cluster")
-    if record.exit_code is None and record.backend == KubeRayBackend.name:
-        if record.detached or _unsupervised(record):
-            with contextlib.suppress(BadInput):  # a cluster that does not answer: the run as recorded
-                kuberay_follow.catch_up(record)  # nobody else keeps its record up to date
-        return record
-    if record.exit_code is None:
-        client = _record_client(record, token_path)
-        if client is not None:
-            for attempt in record.attempts:
-                details = client.details(attempt.submission_id)
-                if details is not None:
-                    update_attempt(record, attempt.attempt, details)
-            if record.detached:
-                detaching.catch_up(record, client)  # nobody else keeps its record up to date
+    backend = BACKENDS.get(record.backend)
+    if record.exit_code is None and backend is not None:
+        backend.refresh(record, token_path)
     return record
 
 
@@ -368,16 +356,13 @@ def logs(run_id: str, *, attempt: int | None = None, follow: bool = False, write
     if chosen is None:
         raise BadInput(f"attempt: run {run_id!r} has attempts 1..{len(record.attempts)}")
     saved = record.attempt_log(chosen.attempt)
-    if record.backend == KubeRayBackend.name and not (address or cluster) and not saved.exists() \
-            and chosen is record.attempts[-1] and kuberay_follow.live_log(record, write, follow):
-        return  # the attempt runs: its submitter pod's log
-    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record, token_path)
-    if client is not None and client.details(chosen.submission_id) is not None:
-        if follow:
-            client.follow_logs(chosen.submission_id, write).join()
-        else:
-            write(client.logs(chosen.submission_id))
-        return
+    if address or cluster:
+        if stream_log(target_client(address, cluster, token_path), chosen.submission_id, write, follow):
+            return
+    else:
+        backend = BACKENDS.get(record.backend)
+        if backend is not None and backend.live_log(record, chosen.attempt, write, follow, token_path):
+            return
     if not saved.exists():
         raise BadInput(f"run_id: the log of {chosen.submission_id} is neither on a reachable cluster nor saved here")
     write(saved.read_text())
@@ -390,43 +375,12 @@ def stop(run_id: str, *, address: str | None = None, cluster: str | None = None,
     record = load_run(run_id)
     if record is None and not (address or cluster):
         raise BadInput(f"run_id: no run {run_id!r} is recorded here; give --address or --cluster")
-    if record is not None and record.backend == KubeRayBackend.name and not (address or cluster):
-        if record.exit_code is not None:
-            return []
-        if not _unsupervised(record):
-            request_stop(run_id)  # its launcher deletes (or suspends) the RayJob and records the end
-            Journal(run_id=run_id).emit("run.stop_requested", stopped=[run_id], trace_id=record.trace_id)
-            return [run_id]
-        return kuberay_follow.stop_unfollowed(record)
-    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record, token_path)
-    stopped = []
-    if client is not None:
-        current = status(run_id, address=address, cluster=cluster, token_path=token_path) if (address or cluster) \
-            else record
-        for attempt in current.attempts:
-            details = client.details(attempt.submission_id)
-            if details is not None and details.status.value not in TERMINAL:
-                stopped.append(attempt.submission_id)
-    if record is not None:
-        request_stop(run_id)  # first, so that the run's launcher does not retry the attempt stopped below
-    for attempt_id in stopped:
-        # The run's own launcher may see the request and stop it first: either way it is stopped.
-        client.stop(attempt_id)
-    Journal(run_id=run_id).emit("run.stop_requested", stopped=stopped, trace_id=record.trace_id if record else None)
-    return stopped
-
-
-def _unsupervised(record: RunRecord) -> bool:
-    """No live launcher supervises the run (it was detached, or its launcher was killed): this process may
-    act for it. The check takes the run's supervisor lock and gives it back at once."""
-    if record.pid == os.getpid():
-        return False  # this process supervises it (an API caller)
-    try:
-        claim_supervision(record)
-    except BadInput:
-        return False
-    release_supervision(record.run_id)
-    return True
+    if address or cluster:
+        client = target_client(address, cluster, token_path)
+        return stop_attempts(client, status(run_id, address=address, cluster=cluster, token_path=token_path), record)
+    assert record is not None
+    backend = BACKENDS.get(record.backend)
+    return backend.stop_recorded(record, token_path) if backend is not None else stop_attempts(None, record, record)
 
 
 def diagnose(run_id: str, *, live: bool | None = None, address: str | None = None, cluster: str | None = None,
@@ -434,7 +388,7 @@ def diagnose(run_id: str, *, live: bool | None = None, address: str | None = Non
     """The stacks of the run's processes: taken now while its attempt runs on a reachable cluster
     (`live`; the default then), else those saved when a hang was found. Newest first."""
     record = status(run_id, address=address, cluster=cluster, token_path=token_path)
-    client = client_for(address, cluster, token_path) if (address or cluster) else _record_client(record, token_path)
+    client = target_client(address, cluster, token_path) if (address or cluster) else _record_client(record, token_path)
     current = record.attempts[-1] if record.attempts else None
     running = client is not None and current is not None and current.status == "RUNNING"
     if live or (live is None and running):

@@ -16,26 +16,26 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 import psutil
 
 from exporter import __version__, outputflag
 from exporter.outputflag import format_option
-from launcher import api, detach, kuberay, redact, target
-from launcher.backends.base import Backend
+from launcher import api, detach, redact, target
+from launcher.backends.base import Backend, HandedOff
 from launcher.backends.existing import client_for
-from launcher.backends.kuberay import KubeRayBackend
-from launcher.backends.local import UP_CLUSTER_NAME, LocalBackend
+from launcher.backends.kuberay import render as kuberay
+from launcher.backends.kuberay.backend import KubeRayBackend
+from launcher.backends.local.backend import UP_CLUSTER_NAME, LocalBackend
 from launcher.backends.registry import resolve
 from launcher.display import PlainReporter, Reporter, RichReporter, reporter_for_terminal
-from launcher.errors import BadInput, InfraError
+from launcher.errors import BadInput, Cancelled, InfraError
 from launcher.exitcodes import ExitCode
 from launcher.failing import fail
 from launcher.flags import spec_data, spec_from_options, spec_options
 from launcher.journal import Journal
-from launcher.local import Cancelled
 from launcher.run import finish_run
 from launcher.spec import JobSpec, SpecError, build_spec
 from launcher.state import RunRecord, list_clusters, list_runs, load_run
@@ -122,7 +122,7 @@ def submit(file: Path | None, no_wait: bool, output: str, **options: Any) -> Non
         reporter.info(taken.note)
     if not backend.followed:  # its platform supervises the run; the launcher watches it to its end
         try:
-            record = backend.hand_off(reporter, cancel, detach=no_wait)
+            record = cast(HandedOff, backend).hand_off(reporter, cancel, detach=no_wait)
         except BadInput as exc:
             reporter.close()
             fail("submit", exc, ExitCode.BAD_INPUT, run_id=spec.run_id)

@@ -18,16 +18,10 @@ once it has ended, finish the run (state, exit code, its log saved beside the re
 
 from __future__ import annotations
 
-import contextlib
-
 from launcher.backends.base import Backend
 from launcher.backends.registry import resolve
 from launcher.errors import BadInput
-from launcher.jobs import TERMINAL, JobsClient
-from launcher.journal import Journal
-from launcher.run import finish_run
 from launcher.spec import JobSpec
-from launcher.state import RunRecord, write_private
 
 SUPERVISED_LATER = ("`launcher submit --run-id RUN_ID ...` without --no-wait supervises a run submitted with it "
                     "(retries, health, deadlines) from where it is")
@@ -59,22 +53,3 @@ def spec_for_no_wait(spec: JobSpec, backend: Backend | None = None) -> JobSpec:
                        f"(no retries, health watching or deadlines after submit returns); drop {asked}, or leave "
                        f"--no-wait out. {SUPERVISED_LATER}")
     return spec.model_copy(update={"max_retries": 0, "health": spec.health.model_copy(update={"enabled": False})})
-
-
-def catch_up(record: RunRecord, client: JobsClient) -> None:
-    """A detached run's record after its attempts were refreshed from `client`: its state, and once
-    its latest attempt has ended, the run finished with that attempt's state and every log saved."""
-    latest = record.attempts[-1] if record.attempts else None
-    if latest is None or record.exit_code is not None:
-        return
-    if latest.status not in TERMINAL:
-        if record.state != latest.status:
-            record.state = latest.status
-            record.save()
-        return
-    for attempt in record.attempts:
-        path = record.attempt_log(attempt.attempt)
-        if attempt.status in TERMINAL and not path.exists():
-            with contextlib.suppress(Exception):  # the log is a courtesy; the run's result stands
-                write_private(path, client.logs(attempt.submission_id))  # 0600: a log may print secrets
-    finish_run(Journal(record=record), latest.status, latest.message if latest.status == "FAILED" else None)

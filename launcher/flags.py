@@ -20,6 +20,7 @@ import click
 from pydantic import BaseModel
 
 from launcher import runtime_env
+from launcher.backends import kinds
 from launcher.health.policy import HealthPolicy
 from launcher.runtime_env import RuntimeEnv
 from launcher.spec import HeadSpec, JobSpec, SpecError, WorkerGroup, build_spec, format_memory, load_spec_file
@@ -328,7 +329,7 @@ def spec_options(func: Callable) -> Callable:
                      f"[{default('log_style')}]."),
         click.option("--log-color", type=choices("log_color"), help="Colour the launcher's lines; auto: on a "
                      f"terminal [{default('log_color')}]."),
-        click.option("--backend", type=choices("backend"),
+        click.option("--backend", type=click.Choice(list(kinds.KINDS)),
                      help="Where to run [local; existing when --address/--cluster is given, or on submit "
                      "RAY_API_SERVER_ADDRESS/RAY_ADDRESS]."),
         click.option("--address", metavar="URL", help="Dashboard URL of an existing Ray cluster (Jobs API) "

@@ -61,7 +61,8 @@ class Pending:
 class Healing:
     def __init__(self, policy: HealthPolicy, journal: Journal, targets: TargetSource,
                  remedy: NodeRemedy | None = None, dashboard: RayDashboard | None = None,
-                 progress_url: str | None = None, local_processes: bool = False, blind_hint: str | None = None) -> None:
+                 progress_url: str | None = None, local_processes: bool = False, blind_hint: str | None = None,
+                 no_remedy: str | None = None) -> None:
         self.policy = policy
         self.journal = journal
         self.record: RunRecord = journal.record  # type: ignore[assignment]
@@ -70,6 +71,7 @@ class Healing:
         self.progress_url = progress_url  # the head exporter's progress endpoint: the run's health metrics go there
         self.local_processes = local_processes  # the job's processes run on this machine (a local cluster)
         self.blind_hint = blind_hint  # where to look when no exporter is found (the backend knows)
+        self.no_remedy = no_remedy  # why a faulty node is left as it is, without a remedy (the backend knows)
         self.watcher = Watcher(policy, targets, dead_nodes=remedy.dead_nodes if remedy else list)
         self.stopped_by: Fault | None = None  # the fault that stopped the current attempt
         self.pending: Pending | None = None
@@ -120,19 +122,22 @@ class Healing:
     def watch(self, attempt: int, submission_id: str) -> None:
         if self.remedy is not None:
             self.remedy.before_attempt(self.record)
-        self.stopped_by = None
-        with self._handover:
-            self._decided = None
-        item = self.record.attempt(attempt)
-        if item is not None and self._resume_step is not None:
-            item.resumed_from_step, self._resume_step = self._resume_step, None
-        # An attempt taken over from a launcher that was killed began before this process did: its steps
-        # since it was submitted are its own (a hang that began before the take-over is still a hang).
-        now = time.time()
-        started = min(item.submitted_at or now, now) if item is not None else now
-        self.watcher.watch(Attempt(attempt, submission_id, started_at=started))
-        if item is not None and item.running_at is not None:
-            self.watcher.running(item.running_at)
+        # After a check in flight, under its lock: that check's fault (and progress) is the attempt it read,
+        # published and journalled as that attempt's; the new attempt starts with nothing decided.
+        with self._checking:
+            self.stopped_by = None
+            with self._handover:
+                self._decided = None
+            item = self.record.attempt(attempt)
+            if item is not None and self._resume_step is not None:
+                item.resumed_from_step, self._resume_step = self._resume_step, None
+            # An attempt taken over from a launcher that was killed began before this process did: its steps
+            # since it was submitted are its own (a hang that began before the take-over is still a hang).
+            now = time.time()
+            started = min(item.submitted_at or now, now) if item is not None else now
+            self.watcher.watch(Attempt(attempt, submission_id, started_at=started))
+            if item is not None and item.running_at is not None:
+                self.watcher.running(item.running_at)
 
     def running(self, at: float) -> None:
         self.watcher.running(at)
@@ -143,9 +148,13 @@ class Healing:
         that fails is a `health.check_failed` event (once per distinct error) and the next one runs."""
         if not self.policy.enabled or not self.watcher.due():
             return None
+        with self._checking:
+            return self._checked(job)
+
+    def _checked(self, job: dict[str, Any] | None) -> Fault | None:
+        """check(), its lock held."""
         try:
-            with self._checking:
-                fault = self._check(job)
+            fault = self._check(job)
         except Exception as exc:  # noqa: BLE001 - the watcher must never take the run down with it
             error = f"{type(exc).__name__}: {exc}"
             if error != self._check_failed:
@@ -186,11 +195,14 @@ class Healing:
         while not self._closing.is_set():
             if self._active and self._decided is None and self.stopped_by is None and self.watcher.due():
                 began = time.monotonic()
-                fault = self.check(self._job)
+                # The check and the hand-over of its fault under one lock: an attempt change (watch) waits
+                # for both, so a fault of attempt N is never left for the loop to act on against N+1.
+                with self._checking:
+                    fault = self._checked(self._job) if self._active and self.watcher.due() else None
+                    if fault is not None:
+                        with self._handover:
+                            self._decided, self._active = fault, False
                 self._note_duration(time.monotonic() - began)
-                if fault is not None:
-                    with self._handover:
-                        self._decided, self._active = fault, False
             self._closing.wait(CHECK_TICK_S)
 
     def _note_duration(self, seconds: float) -> None:

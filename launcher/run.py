@@ -1,9 +1,15 @@
-"""A run: one logical job across attempts, on a cluster reached through the Jobs API.
+"""A run: one logical job across attempts, and the one engine that lives them on every backend. What
+differs per backend is its Jobs (launcher/backends/base.py): how an attempt is submitted, what its
+status is, where its log comes from, how it is stopped; Ray's Jobs API for local and existing clusters
+(launcher/backends/rayjobs.py), a RayJob on KubeRay (launcher/backends/kuberay/follow.py). The stops,
+deadlines, a lost API, healing, each attempt's bookkeeping and the run's end are the engine's alone.
 
 Submission is idempotent by submission id, as KubeRay's submitter does it: attempt n of run R is
 `R-a<n>`; before submitting, the run asks the cluster for that id and follows the job it finds
 instead of submitting twice. A failed attempt is retried as a new attempt after a backoff (doubling,
-capped) up to max_retries; a stop or a deadline ends the run without retry. Every attempt carries
+capped) up to max_retries; a stop or a deadline ends the run without retry. Where the platform retries
+itself (KubeRay: `retries_itself`), the engine follows its retries and takes its end, enforces none of
+the deadlines (the platform does), and restarts an attempt only for a fault it stopped. Every attempt carries
 the raypulse.* metadata that the exporter turns into job labels. Every change is an event of the
 run's journal (launcher/journal.py), which keeps the record, the audit log, the trace and the
 display in step.
@@ -26,9 +32,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from exporter.contract import wire
+from launcher.backends.base import Jobs, RunEnds, Seen, Submission
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
-from launcher.jobs import TERMINAL, ClusterLost, JobsClient
+from launcher.jobs import TERMINAL, ClusterLost
 from launcher.journal import Journal
 from launcher.spec import JobSpec
 from launcher.state import AttemptRecord, RunRecord, request_stop, stop_requested, write_private
@@ -148,24 +155,32 @@ def failures_so_far(record: RunRecord) -> int:
     return streak
 
 
-def update_attempt(record: RunRecord, attempt: int, details: Any) -> AttemptRecord:
-    """Copy what Ray says about an attempt (its JobDetails) into the run record."""
+def update_attempt(record: RunRecord, attempt: int, seen: Seen) -> AttemptRecord:
+    """Copy what the backend says of an attempt into the run record."""
     item = record.attempt(attempt)
     if item is None:
-        sid = details.submission_id or submission_id(record.run_id, attempt)
+        sid = seen.submission_id or submission_id(record.run_id, attempt)
         item = AttemptRecord(attempt=attempt, submission_id=sid)
         record.attempts.append(item)
         record.attempts.sort(key=lambda entry: entry.attempt)
-    item.status = details.status.value
+    item.status = seen.status
     # Ray appends the log's tail to a failure message; the log is kept whole beside the run.
-    item.message = (details.message or "").split("\n", 1)[0].split(", last available logs", 1)[0].rstrip(":, ") or None
-    item.error_type = details.error_type
-    item.driver_exit_code = getattr(details, "driver_exit_code", None)
-    if details.start_time and item.submitted_at is None:
-        item.submitted_at = details.start_time / 1000
-    if details.end_time:
-        item.ended_at = details.end_time / 1000
+    item.message = (seen.message or "").split("\n", 1)[0].split(", last available logs", 1)[0].rstrip(":, ") or None
+    item.error_type = seen.error_type
+    item.driver_exit_code = seen.driver_exit_code
+    if seen.start_time and item.submitted_at is None:
+        item.submitted_at = seen.start_time
+    if seen.end_time:
+        item.ended_at = seen.end_time
     return item
+
+
+def seen_of(details: Any) -> Seen:
+    """Ray's JobDetails as the engine reads an attempt."""
+    return Seen(submission_id=details.submission_id, status=details.status.value, message=details.message,
+                error_type=details.error_type, driver_exit_code=getattr(details, "driver_exit_code", None),
+                start_time=details.start_time / 1000 if details.start_time else None,
+                end_time=details.end_time / 1000 if details.end_time else None, job=job_view(details))
 
 
 def finish_run(journal: Journal, state: str, reason: str | None, **details: Any) -> RunRecord:
@@ -189,12 +204,12 @@ class _LogTail:
     """The attempt's log streamed to the display while it runs; counts what it printed, so the
     rest is printed once from the saved log at the end."""
 
-    def __init__(self, client: JobsClient, sid: str, show: Callable[[str], None]) -> None:
+    def __init__(self, jobs: Jobs, attempt: int, sid: str | None, show: Callable[[str], None]) -> None:
         self.printed = 0
         self._show = show
         self._lock = threading.Lock()
         self._closed = False
-        self._thread = client.follow_logs(sid, self._write)
+        self._thread = jobs.follow_logs(attempt, sid, self._write)
 
     def _write(self, chunk: str) -> None:
         with self._lock:
@@ -203,22 +218,24 @@ class _LogTail:
                 self._show(chunk)
 
     def close(self) -> int:
-        self._thread.join(timeout=1)  # Ray closes the stream a little after the end; the rest is caught up
+        self._thread.join(timeout=1)  # the stream closes a little after the end; the rest is caught up
         with self._lock:
             self._closed = True
         return self.printed
 
 
 class Run:
-    """Drives a run's attempts on one cluster. `start()` submits (or finds) the current attempt,
-    `wait()` follows it to the end, retrying; `stop()` may be called from any thread."""
+    """The attempt engine: drives a run's attempts on any backend (its Jobs say how a job is submitted,
+    read, streamed and stopped there). `start()` submits (or finds) the current attempt, `wait()` follows
+    it to the end, retrying (or following the platform's retries, where it retries itself); `stop()` may
+    be called from any thread."""
 
-    def __init__(self, spec: JobSpec, client: JobsClient, journal: Journal, cancel: threading.Event,
+    def __init__(self, spec: JobSpec, jobs: Jobs, journal: Journal, cancel: threading.Event,
                  follow_logs: bool = True, on_running: Callable[[], None] | None = None,
                  healing: Healing | None = None, recorder: Rounds | None = None) -> None:
         assert journal.record is not None
         self.spec = spec
-        self.client = client
+        self.jobs = jobs
         self.journal = journal
         self.record: RunRecord = journal.record
         self.reporter = journal.reporter
@@ -232,33 +249,44 @@ class Run:
         self.current = 0
         self._attempt_started = self.record.created_at
         self._failures_in_a_row = 0  # the backoff doubles with these (failures_in_a_row)
+        self._watched = 0  # the attempt the health watcher follows
 
     # --- submission ----------------------------------------------------------------------------
 
-    def submission_id(self, attempt: int) -> str:
-        """The Ray submission id of one of this run's attempts."""
-        return submission_id(self.record.run_id, attempt, self.spec.submission_id)
+    def submission_id(self, attempt: int) -> str | None:
+        """The id one of this run's attempts has where it runs (None: its platform has not named it yet)."""
+        item = self.record.attempt(attempt)
+        if item is not None:
+            return item.submission_id
+        return submission_id(self.record.run_id, attempt, self.spec.submission_id) if self.jobs.names_attempts \
+            else None
 
     def start(self) -> None:
         """Status first, then submit: find the attempts this run already has on the cluster and
         follow the latest, or submit attempt 1. A run re-submitted after it ended is followed to
-        its end again (with more attempts if max_retries now allows them)."""
+        its end again (with more attempts if max_retries now allows them). Where the platform retries
+        itself, the run was handed to it: its latest attempt is followed (the next, once that ended)."""
         self.record.exit_code = self.record.finished_at = self.record.reason = None
+        if self.jobs.retries_itself:
+            latest = self.record.attempts[-1] if self.record.attempts else None
+            self.current = 1 if latest is None else latest.attempt + (latest.ended_at is not None)
+            self._failures_in_a_row = failures_so_far(self.record)
+            return
         latest = None
         for attempt in range(1, self.spec.max_attempts + 1):
-            details = self.client.details(self.submission_id(attempt))
-            if details is None:
+            seen = self.jobs.status(attempt, self.submission_id(attempt))
+            if seen is None:
                 break
-            latest = (attempt, details)
-            update_attempt(self.record, attempt, details)
+            latest = (attempt, seen)
+            update_attempt(self.record, attempt, seen)
         if latest is None:
             self._submit(1)
             return
-        attempt, details = latest
+        attempt, seen = latest
         self.current = attempt
         # A take-over keeps the streak of attempts that ended without progress (the next backoff's length).
         self._failures_in_a_row = failures_so_far(self.record)
-        status = details.status.value
+        status = seen.status
         self.journal.emit("attempt.found", attempt=attempt, submission_id=self.submission_id(attempt), status=status)
         if status not in TERMINAL:
             self._take_over(attempt, status)
@@ -289,36 +317,41 @@ class Run:
 
     def _take_over(self, attempt: int, status: str) -> None:
         """Follow an attempt that runs already (its launcher left): watched from now on as if it had just started."""
-        if self.healing is not None:
-            self.healing.watch(attempt, self.submission_id(attempt))
-            if status == "RUNNING":
-                self.healing.running(time.time())
+        self._watch_health(attempt)
+        if self.healing is not None and status == "RUNNING":
+            self.healing.running(time.time())
+
+    def _watch_health(self, attempt: int) -> None:
+        """The health watcher follows this attempt from now on (once per attempt)."""
+        sid = self.submission_id(attempt)
+        if self.healing is not None and self._watched != attempt and sid is not None:
+            self._watched = attempt
+            self.healing.watch(attempt, sid)
 
     def _submit(self, attempt: int) -> None:
         sid = self.submission_id(attempt)
         self.current = attempt
         self._attempt_started = time.time() if attempt > 1 else self.record.created_at
-        self.journal.emit("attempt.submitting", attempt=attempt, submission_id=sid)
-        if self.client.details(sid) is None:  # status first, also for retries
-            extra = {**attempt_identity(self.client.dashboard.token, sid),
+        if sid is not None:
+            self.journal.emit("attempt.submitting", attempt=attempt, submission_id=sid)
+        if sid is None or self.jobs.status(attempt, sid) is None:  # status first, also for retries
+            extra = {**(attempt_identity(self.jobs.token, sid) if sid is not None else {}),
                      **(self.healing.attempt_env(attempt) if self.healing is not None else {})}
             try:
-                self.client.submit(sid, self.spec.entrypoint,
-                                   runtime_env(self.spec, attempt, self.journal.traceparent(), extra),
-                                   job_metadata(self.spec, attempt, self.journal.run_trace.trace_id),
-                                   **entrypoint_options(self.spec))
-            except (ValueError, TypeError) as exc:  # Ray's client checks the runtime env before it sends it
-                self.journal.emit("attempt.submit_failed", attempt=attempt, submission_id=sid, error=str(exc))
-                raise BadInput(f"runtime_env: Ray's client refused attempt {attempt}: {exc}") from None
-            except RuntimeError as exc:
-                self.journal.emit("attempt.submit_failed", attempt=attempt, submission_id=sid, error=str(exc))
-                if "status code 4" in str(exc):
-                    raise BadInput(f"the cluster refused attempt {attempt}: {exc}") from None
-                raise InfraError(f"submitting attempt {attempt} failed: {exc}") from None
-        self.journal.emit("attempt.submitted", attempt=attempt, submission_id=sid, address=self.client.address,
+                self.jobs.submit(sid, Submission(attempt, extra, self.journal.traceparent(),
+                                                 self.journal.run_trace.trace_id))
+            except (BadInput, InfraError) as exc:
+                if sid is not None:  # the backend's own error, as it said it (the cause), in the journal
+                    self.journal.emit("attempt.submit_failed", attempt=attempt, submission_id=sid,
+                                      error=str(exc.__cause__ or exc))
+                raise
+        if sid is not None:
+            self._submitted(attempt, sid)
+
+    def _submitted(self, attempt: int, sid: str) -> None:
+        self.journal.emit("attempt.submitted", attempt=attempt, submission_id=sid, address=self.jobs.address,
                           entrypoint=self.spec.entrypoint)
-        if self.healing is not None:
-            self.healing.watch(attempt, sid)
+        self._watch_health(attempt)
 
     # --- following -----------------------------------------------------------------------------
 
@@ -329,9 +362,24 @@ class Run:
 
     def wait(self) -> RunRecord:
         """Follow attempts until the run is final; returns the final record (exit_code set)."""
+        try:
+            return self._wait()
+        except RunEnds as end:
+            return self._finish(end.state, end.reason)
+
+    def _wait(self) -> RunRecord:
         while True:
-            outcome = self._follow(self.current)
+            outcome, seen = self._follow(self.current)
+            if seen is not None and seen.run_end is not None and outcome != "UNHEALTHY":
+                return self._finish(*seen.run_end)  # the platform ended the run
             attempt = self.record.attempt(self.current)
+            if self.jobs.retries_itself and outcome == "FAILED":
+                # The platform retries it: its next attempt is followed as it comes (nothing submitted).
+                self._failures_in_a_row = failures_in_a_row(self._failures_in_a_row, attempt)
+                if seen is not None and seen.retried:
+                    self.journal.emit("retry.scheduled", attempt=self.current, delay=0, cause="failed")
+                self.current += 1
+                continue
             retries_left = self.current < self.spec.max_attempts
             fault = self._fault_of(outcome, retries_left)
             node_out = False
@@ -339,7 +387,7 @@ class Run:
                 final = self._heal(fault, retries_left)
                 if final is not None:
                     return final
-                node_out = self.healing is not None and self.healing.remedy_node(fault)
+                node_out = self._keep_out(fault)
             elif outcome == "FAILED" and retries_left:
                 repeated = self.healing.repeated(None, attempt) if self.healing is not None else None
                 if repeated:
@@ -373,78 +421,104 @@ class Run:
         ending = self.healing.end_instead(fault, retries_left, self.spec.max_retries)
         return self._finish(*ending) if ending is not None else None
 
+    def _keep_out(self, fault: Fault) -> bool:
+        """The fault's node kept out of the next attempt by the backend's remedy; True if it was."""
+        assert self.healing is not None
+        if fault.node_out and fault.node is not None and self.healing.remedy is None:
+            self.journal.emit("node.left", node=fault.node, reason=fault.summary,
+                              why=self.healing.no_remedy or "the backend has no node remedy")
+            return False
+        return self.healing.remedy_node(fault)
+
     def _sleep(self, seconds: float) -> str | None:
         """Sleep unless stopped or past the active deadline; returns the final state that cut it short."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while True:
             reason = self._reason_to_stop(None)
             if reason is not None:
                 return reason
-            self.cancel.wait(min(POLL_S, max(0.0, deadline - time.monotonic())))
-        return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.cancel.wait(min(POLL_S, left))
 
-    def _follow(self, attempt: int) -> str:
-        """Follow the attempt to its end, stopping it on a stop request or a deadline. Returns
-        SUCCEEDED, FAILED, STOPPED or DEADLINE_EXCEEDED."""
-        sid = self.submission_id(attempt)
-        tail = _LogTail(self.client, sid, self.reporter.log) if self.follow_logs else None
+    def _follow(self, attempt: int) -> tuple[str, Seen | None]:
+        """Follow the attempt to its end, stopping it on a stop request, a deadline or a fault. Returns
+        SUCCEEDED, FAILED, STOPPED, DEADLINE_EXCEEDED or UNHEALTHY, and the backend's last view of it."""
+        tail = _LogTail(self.jobs, attempt, self.submission_id(attempt), self.reporter.log) \
+            if self.follow_logs else None
         try:
-            ending, status = self._watch(attempt, sid)
+            ending, seen = self._watch(attempt)
         finally:
             if self.healing is not None:
                 self.healing.pause()  # the attempt is no longer followed: no checks of it
+        sid = self.submission_id(attempt)
+        if sid is None or self.record.attempt(attempt) is None:  # it never started: nothing of it to keep
+            if tail is not None:
+                tail.close()
+            return ending or (seen.status if seen is not None else "STOPPED"), seen
         self._record(now=True)  # the attempt's last values, before a node is replaced or the cluster goes
         printed = tail.close() if tail is not None else 0
         self._save_log(attempt, sid, printed)
         final = self.record.attempt(attempt)
+        assert final is not None
+        status = seen.status if seen is not None else final.status
         self.journal.emit("attempt.finished", attempt=attempt, submission_id=sid, status=final.status,
                           state=ending or status, message=final.message, error_type=final.error_type,
                           driver_exit_code=final.driver_exit_code)
-        return ending or status
+        return ending or status, seen
 
-    def _watch(self, attempt: int, sid: str) -> tuple[str | None, str]:
-        """Poll the attempt until Ray says it ended, or until it was stopped and Ray confirmed (or
-        STOP_WAIT_S passed). Returns (our reason for stopping it, if any; Ray's last status)."""
+    def _watch(self, attempt: int) -> tuple[str | None, Seen | None]:
+        """Poll the attempt until its backend says it ended, or until it was stopped and the backend
+        confirmed (or STOP_WAIT_S passed). Returns (our reason for stopping it, if any; the last view)."""
         ending: str | None = None
         stop_sent_at = 0.0
         last_ok = followed = time.monotonic()
-        status = "PENDING"
+        seen: Seen | None = None
         while True:
             if ending is None:
-                ending = self._reason_to_stop(status)
+                ending = self._reason_to_stop(seen.status if seen is not None else "PENDING")
                 if ending is not None:
                     self._record(now=False)  # while the job's processes still run (not delaying the stop)
-                    self._stop_attempt(attempt, sid, ending)
+                    self._stop_attempt(attempt, ending)
                     stop_sent_at = time.monotonic()
             try:
-                details = self.client.details(sid)
+                now_seen = self.jobs.status(attempt, self.submission_id(attempt))
                 last_ok = time.monotonic()
             except ClusterLost:
                 if time.monotonic() - last_ok > LOST_AFTER_S:
                     raise
-                details = None
-            if details is not None:
-                status = self._observe(attempt, details, time.monotonic() - followed)
-                if status in TERMINAL:
-                    return ending, status
+                now_seen = None
+            if now_seen is not None:
+                seen = now_seen
+                status = self._observe(attempt, seen, time.monotonic() - followed)
+                if status in TERMINAL or seen.run_end is not None:
+                    return ending, seen
                 if ending is None and self.healing is not None and status == "RUNNING":
-                    fault = self.healing.poll(job_view(details))  # the checks run beside; never waits for one
+                    fault = self.healing.poll(seen.job)  # the checks run beside; never waits for one
                     if fault is not None:
                         ending = "UNHEALTHY"
                         self._record(now=False)  # the faulty attempt as it stood (not delaying the stop)
-                        self._stop_attempt(attempt, sid, ending)
+                        self._stop_attempt(attempt, ending)
                         stop_sent_at = time.monotonic()
+                        continue  # a backend that stops to restart knows at once: no wait for a poll
             if ending is not None and time.monotonic() - stop_sent_at > STOP_WAIT_S:
-                return ending, status  # Ray did not confirm the stop in time; the run ends as we decided anyway
+                return ending, seen  # the stop was not confirmed in time; the run ends as we decided anyway
             if ending is None:
                 self.cancel.wait(POLL_S)  # a stop wakes the loop at once
             else:
                 time.sleep(POLL_S)  # cancel is already set: wait() would not wait
 
-    def _observe(self, attempt: int, details: Any, followed_for: float) -> str:
-        """Take in what Ray says of the attempt; returns its status."""
-        record = update_attempt(self.record, attempt, details)
-        status = details.status.value
+    def _observe(self, attempt: int, seen: Seen, followed_for: float) -> str:
+        """Take in what the backend says of the attempt; returns its status."""
+        if seen.submission_id is not None and self.record.attempt(attempt) is None and not self.jobs.names_attempts:
+            self._submitted(attempt, seen.submission_id)  # the platform started (named) it
+        if seen.submission_id is None:
+            return seen.status
+        if not self.jobs.names_attempts:
+            self._watch_health(attempt)  # a platform's attempt is watched from when it is seen (submit or find)
+        record = update_attempt(self.record, attempt, seen)
+        status = seen.status
         started = status == "RUNNING" and record.running_at is None
         if started:
             self.journal.emit("attempt.running", attempt=attempt, submission_id=record.submission_id)
@@ -469,18 +543,26 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - the record is a courtesy; it never ends the run
             self.reporter.warn(f"a recording round failed: {type(exc).__name__}: {exc}")
 
-    def _stop_attempt(self, attempt: int, sid: str, ending: str) -> None:
-        why = {"STOPPED": "stop requested", "DEADLINE_EXCEEDED": self.record.reason,
-               "UNHEALTHY": self.healing.stopped_by.summary if self.healing and self.healing.stopped_by else None,
+    def _stop_attempt(self, attempt: int, ending: str) -> None:
+        restart = ending == "UNHEALTHY"
+        fault = self.healing.stopped_by.summary if self.healing and self.healing.stopped_by else None
+        why = {"STOPPED": "stop requested", "DEADLINE_EXCEEDED": self.record.reason, "UNHEALTHY": fault,
                }.get(ending) or ending
-        self.journal.emit("attempt.stopping", attempt=attempt, submission_id=sid, reason=ending, why=why)
-        self.client.stop(sid)
+        how = self.jobs.stopping(restart)
+        if how:
+            why = f"{fault}; {how}" if restart and fault else how if ending == "STOPPED" else f"{why}; {how}"
+        sid = self.submission_id(attempt)
+        self.journal.emit("attempt.stopping", attempt=attempt, submission_id=sid or self.record.run_id,
+                          reason=ending, why=why)
+        self.jobs.stop(attempt, sid, restart, fault if restart else None)
 
     def _reason_to_stop(self, status: str | None) -> str | None:
         """Why the run must stop now (None: it need not). `status` is the current attempt's, None
-        between attempts."""
+        between attempts. Deadlines are the platform's where it retries itself."""
         if self.cancel.is_set() or stop_requested(self.record.run_id):
             return "STOPPED"
+        if self.jobs.retries_itself:
+            return None
         limit = self.spec.active_deadline_seconds
         if limit is not None and time.time() - self.record.created_at > limit:
             self.journal.emit("run.deadline", deadline="active_deadline_seconds",
@@ -497,7 +579,7 @@ class Run:
         """Keep the attempt's whole log with the run (the cluster may go away) and print what the
         stream did not."""
         try:
-            text = self.client.logs(sid)
+            text = self.jobs.logs(attempt, sid)
         except Exception as exc:  # noqa: BLE001 - the log is a courtesy; the run's result stands
             self.reporter.warn(f"could not fetch the log of attempt {attempt}: {exc}")
             return
@@ -510,8 +592,9 @@ class Run:
         ratio = self.healing.effective_training_ratio() if self.healing is not None else None
         if self.healing is not None:
             self.healing.close()
-        return finish_run(self.journal, state, self.record.reason if state == "DEADLINE_EXCEEDED" else reason,
-                          effective_training_ratio=ratio)
+        if state == "DEADLINE_EXCEEDED" and not self.jobs.retries_itself:
+            reason = self.record.reason
+        return finish_run(self.journal, state, reason, effective_training_ratio=ratio)
 
     def finish_with(self, code: ExitCode, reason: str) -> RunRecord:
         """End the run for a reason outside the job (the cluster was lost)."""

@@ -165,9 +165,6 @@ class WorkerGroup(_Strict):
         return _dns_label(value, 30)
 
 
-Backend = Literal["local", "existing", "kuberay"]
-
-
 def _default_user() -> str:
     user = re.sub(r"[^A-Za-z0-9_.-]", "-", getpass.getuser()).strip("-_.")[:63]
     return user or "unknown"
@@ -220,7 +217,8 @@ class JobSpec(_Strict):
                                                            "auto (pretty on a terminal)")
     log_color: Literal["auto", "false", "true"] = Field("auto", description="colour the launcher's lines, as "
                                                         "`ray job submit --log-color`; auto: on a terminal")
-    backend: Backend | None = Field(None, description="local (default), existing (--address/--cluster), kuberay")
+    backend: str | None = Field(None, description="local (default), existing (--address/--cluster), kuberay, "
+                                "or a registered one (launcher/backends/registry.py)")
     address: str | None = Field(None, description="dashboard URL of an existing Ray cluster")
     cluster: str | None = Field(None, description="a kept local cluster (launcher up / --keep-cluster)")
     keep_cluster: bool = Field(False, description="leave the local cluster running after the job")
@@ -387,6 +385,15 @@ class JobSpec(_Strict):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"group names must be unique; repeated: {', '.join(duplicates)}")
+        return value
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str | None) -> str | None:
+        if value is not None and value not in kinds.KINDS:
+            *first, last = [repr(name) for name in kinds.KINDS]
+            raise ValueError(f"Input should be {', '.join(first)} or {last} (the registered backends)"
+                             if first else f"Input should be {last}")
         return value
 
     @model_validator(mode="after")

@@ -14,7 +14,7 @@ goes Suspending -> Suspended, its submitter Job deleted and jobStatus reset. The
 log of the submitter Job's (`<RayJob name>`, one per attempt) pod, labelled
 `batch.kubernetes.io/job-name=<RayJob name>`.
 
-For healing (launcher/backends/kuberay_heal.py): with `nodes` (Kubernetes node name -> the base URL of a
+For healing (launcher/backends/kuberay/heal.py): with `nodes` (Kubernetes node name -> the base URL of a
 real HTTP server standing in for the raypulse sidecar on that node), each attempt's RayCluster gets a Ray
 pod labelled `ray.io/cluster=<status.rayClusterName>` on the first node that is not cordoned
 (spec.unschedulable), and the pod proxy (`pods/<pod>:<port>/proxy/<path>`) forwards to that node's server
@@ -42,8 +42,8 @@ import trustme
 import yaml
 from aiohttp import web
 
-from launcher.backends.kuberay_follow import JOB_NAME_LABEL
-from launcher.kuberay import KUEUE_QUEUE_LABEL
+from launcher.backends.kuberay.follow import JOB_NAME_LABEL
+from launcher.backends.kuberay.render import KUEUE_QUEUE_LABEL
 from scripts.ports import free_port
 
 TOKEN = "fake-service-account-token"

@@ -1,6 +1,7 @@
-"""Every place a run can live is one Backend (launcher/backends/): each implements the whole protocol,
-the spec's `backend` names exactly the registered ones, no other module compares backend names, and
-what a backend does not take or honour is refused before anything starts."""
+"""Every place a run can live is one Backend (launcher/backends/): each implements the whole protocol
+(with the part its capability `followed` says), the spec's `backend` takes exactly the registered ones,
+no other module compares backend names (as strings or through a backend's `name`), and what a backend
+does not take or honour is refused before anything starts."""
 
 from __future__ import annotations
 
@@ -8,57 +9,111 @@ import ast
 import inspect
 import threading
 from pathlib import Path
-from typing import get_args
 
 import pytest
 
 from launcher import api
 from launcher.backends import kinds
-from launcher.backends.base import Backend
+from launcher.backends.base import Backend, Followed, HandedOff
 from launcher.backends.existing import ExistingBackend
-from launcher.backends.kuberay import KubeRayBackend
-from launcher.backends.local import LocalBackend
+from launcher.backends.kuberay.backend import KubeRayBackend
+from launcher.backends.local.backend import LocalBackend
 from launcher.backends.registry import BACKENDS, resolve
 from launcher.errors import BadInput
-from launcher.spec import Backend as BackendName
 from launcher.spec import SpecError, build_spec
 from launcher.target import from_environment
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def protocol_members() -> set[str]:
-    return {name for name in Backend.__dict__ if not name.startswith("_")} | set(Backend.__annotations__)
+def protocol_members(protocol: type) -> set[str]:
+    members = set()
+    for layer in protocol.__mro__:
+        if layer in (Backend, Followed, HandedOff):
+            members |= {name for name in layer.__dict__ if not name.startswith("_")} | set(layer.__annotations__)
+    return members
+
+
+def methods_of(backend: type) -> dict[str, object]:
+    return {name: getattr(backend, name) for name in dir(backend) if not name.startswith("_")}
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS.values()), ids=list(BACKENDS))
 def test_each_backend_implements_the_whole_protocol(backend: type):
-    missing = sorted(name for name in protocol_members() if not hasattr(backend, name))
+    protocol = Followed if backend.followed else HandedOff  # its capability says which part is its own
+    members = protocol_members(protocol)
+    missing = sorted(name for name in members if not hasattr(backend, name))
     assert missing == []
-    for name in protocol_members() - set(Backend.__annotations__):
-        wanted = inspect.signature(getattr(Backend, name)).parameters.keys() - {"cls"}  # bound on the class
+    for name in members - set(Backend.__annotations__):
+        wanted = inspect.signature(getattr(protocol, name)).parameters.keys() - {"cls"}  # bound on the class
         assert inspect.signature(getattr(backend, name)).parameters.keys() == wanted, name
 
 
-def test_the_spec_names_exactly_the_registered_backends_and_their_rules():
-    assert set(get_args(BackendName)) == set(BACKENDS) == set(kinds.KINDS)
+@pytest.mark.parametrize("backend", list(BACKENDS.values()), ids=list(BACKENDS))
+def test_what_a_backend_cannot_do_is_a_capability_never_a_method_that_raises(backend: type):
+    """No method of a backend (nor of the protocol) only raises NotImplementedError: `followed` says
+    which part of the protocol it has."""
+    for layer in (Backend, Followed, HandedOff, *backend.__mro__):
+        module = inspect.getmodule(layer)
+        if module is None or not module.__name__.startswith("launcher."):
+            continue
+        source = inspect.getsource(layer)
+        assert "NotImplementedError" not in source, layer
+
+
+def test_the_spec_takes_exactly_the_registered_backends_and_their_rules():
+    assert set(BACKENDS) == set(kinds.KINDS)
     for name, backend in BACKENDS.items():
         assert issubclass(backend, kinds.KINDS[name])  # the rules the spec checks are the backend's own
+        assert build_spec({"entrypoint": "true", "backend": name, "address": "http://head:8265"}
+                          if name == ExistingBackend.name else {"entrypoint": "true", "backend": name}).backend == name
+    with pytest.raises(SpecError, match="backend: Input should be 'local', 'existing' or 'kuberay' "
+                                        r"\(the registered backends\)"):
+        build_spec({"entrypoint": "true", "backend": "slurm"})
 
 
-def backend_name_literals(path: Path) -> list[int]:
-    """Lines where a string constant equal to a backend's name stands, outside an annotation."""
-    tree = ast.parse(path.read_text())
+BACKEND_CLASSES = {backend.__name__ for backend in BACKENDS.values()} | {kind.__name__ for kind in kinds.KINDS.values()}
+
+
+def names_a_backend(node: ast.AST) -> bool:
+    """A backend's name as the code spells it: a string equal to one (`"kuberay"`), or a backend class's
+    `name` (`KubeRayBackend.name`, `kinds.KubeRayKind.name`)."""
+    if isinstance(node, ast.Constant):
+        return node.value in BACKENDS
+    if isinstance(node, ast.Attribute) and node.attr == "name":
+        owner = node.value
+        return (isinstance(owner, ast.Name) and owner.id in BACKEND_CLASSES) or \
+            (isinstance(owner, ast.Attribute) and owner.attr in BACKEND_CLASSES)
+    return False
+
+
+def backend_name_uses(source: str) -> list[int]:
+    """Lines where a backend's name stands (a string constant, outside an annotation) or is compared
+    (`record.backend == KubeRayBackend.name`, `!=`, `in`)."""
+    tree = ast.parse(source)
     annotations = {id(node) for parent in ast.walk(tree) if isinstance(parent, ast.Assign)
                    and isinstance(parent.value, ast.Subscript) for node in ast.walk(parent.value)}
-    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant)
-            and node.value in BACKENDS and id(node) not in annotations]
+    lines = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant)
+             and node.value in BACKENDS and id(node) not in annotations]
+    lines += [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Compare)
+              and any(names_a_backend(side) for side in (node.left, *node.comparators))]
+    return sorted(set(lines))
 
 
 def test_no_module_outside_the_backends_compares_backend_names():
     found = {str(path.relative_to(REPO)): lines for path in sorted((REPO / "launcher").rglob("*.py"))
-             if "backends" not in path.parts and (lines := backend_name_literals(path))}
+             if "backends" not in path.parts and (lines := backend_name_uses(path.read_text()))}
     assert found == {}, "ask the spec's backend (launcher.backends.registry.resolve) instead of comparing its name"
+
+
+@pytest.mark.parametrize("source", [
+    "if record.backend == KubeRayBackend.name:\n    pass\n",
+    "ok = spec.backend != kinds.LocalKind.name\n",
+    "ok = ExistingBackend.name in names\n",
+    "if record.backend == 'kuberay':\n    pass\n",
+])
+def test_the_check_finds_a_backend_name_compared_either_way(source: str):
+    assert backend_name_uses(source) == [1]
 
 
 @pytest.mark.parametrize(("data", "backend"), [

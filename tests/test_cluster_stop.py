@@ -1,4 +1,4 @@
-"""Stopping a local cluster's processes (launcher.local.terminate): a node's process that goes on
+"""Stopping a local cluster's processes (launcher.backends.local.cluster.terminate): a node's process that goes on
 SIGTERM may leave descendants behind (a job's entrypoint, a worker); they are asked to stop too, with
 SIGTERM, not left to the SIGKILL at the end, and one that was stopped (SIGSTOP: a hang drill's rank)
 is continued so that it can act on it."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from launcher.local import terminate
+from launcher.backends.local.cluster import terminate
 from tests.conftest import wait_until
 
 # A child that says which signal ended it; its parent (the "node") exits on SIGTERM without it.

@@ -4,6 +4,7 @@ cluster."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from launcher.display import PlainReporter
 from launcher.healing import Healing
 from launcher.health.exporters import Target
+from launcher.health.faults import Fault
 from launcher.health.policy import HealthPolicy
 from launcher.journal import Journal
 from launcher.state import RunRecord
@@ -76,3 +78,64 @@ def test_checks_run_beside_the_loop_while_it_polls_and_stop_when_it_pauses(home:
         finally:
             heal.close()
     assert not [event for event in record.events if event.kind == "health.check_failed"]
+
+
+class Changes:
+    """A node remedy that says when an attempt change begins (Healing.watch asks it first)."""
+
+    def __init__(self) -> None:
+        self.began = threading.Event()
+
+    def dead_nodes(self) -> list[str]:
+        return []
+
+    def take_out(self, node: str, fault: Fault, for_good: bool) -> tuple[str, dict]:
+        return "node.left", {}
+
+    def before_attempt(self, record: RunRecord) -> None:
+        self.began.set()
+
+
+def test_a_check_in_flight_across_an_attempt_change_lands_on_the_attempt_it_read(home: Path):
+    """A check of attempt 1 held open while attempt 2 starts: its fault is attempt 1's (journalled so, never
+    handed to the loop as attempt 2's, which would restart a healthy attempt)."""
+    held, release = threading.Event(), threading.Event()
+    with ExporterLike("") as server:
+        def targets() -> list[Target]:
+            if not held.is_set():  # the first check is held open until the test lets it go
+                held.set()
+                release.wait(30)
+            return [Target("node-a", server.url)]
+
+        record = RunRecord(run_id="r-1", name="r", backend="local", max_attempts=2)
+        journal = Journal(PlainReporter(), record)
+        changes = Changes()
+        heal = Healing(HealthPolicy(check_interval_seconds=0.5, hang_after_seconds=60, stacks=False), journal,
+                       targets, remedy=changes)
+        journal.emit("attempt.submitted", attempt=1, submission_id="r-1-a1", address="http://h", entrypoint="x")
+        heal.watch(1, "r-1-a1")
+        server.text = f'raypulse_gpu_xid_last_timestamp_seconds{{gpu="0",uuid="GPU-0a",xid="79"}} {time.time():.3f}\n'
+        try:
+            changes.began.clear()
+            heal.running(time.time())
+            assert heal.poll(None) is None  # the checks start beside the loop
+            wait_until(held.is_set, 10, "the check of attempt 1 to be under way")
+            journal.emit("attempt.submitted", attempt=2, submission_id="r-1-a2", address="http://h", entrypoint="x")
+            change = threading.Thread(target=heal.watch, args=(2, "r-1-a2"))
+            change.start()
+            wait_until(changes.began.is_set, 10, "the attempt change to begin")
+            # Unfixed, the change swaps the attempt under the check now; fixed, it waits for the check.
+            deadline = time.monotonic() + 1
+            while time.monotonic() < deadline and heal.watcher.attempt.number != 2:
+                time.sleep(0.01)
+            release.set()
+            change.join(30)
+            assert not change.is_alive()
+            faults = [event for event in record.events if event.kind == "health.fault"]
+            assert [(event.attempt, event.details["fault"]) for event in faults] == [(1, "gpu_fault")]
+            assert heal.poll(None) is None  # nothing decided for attempt 2: it is not restarted
+            assert heal.stopped_by is None
+        finally:
+            release.set()
+            heal.close()
+    assert not [event for event in record.events if event.kind == "health.recovered"]

@@ -1,8 +1,8 @@
-"""Kubernetes access as kubectl reads it (launcher/kubeaccess.py) and apply (launcher/kuberay.py), through
-the real kubernetes client against a small API server of our own (tests/fake_kube.py): the whole
-KUBECONFIG list merged, the context's namespace, --context, the pod's service account as the fallback,
-a dead or refusing server as one line and exit 2, a missing KubeRay CRD named, and ownerReferences to
-the RayJob on what apply creates besides it."""
+"""Kubernetes access as kubectl reads it (launcher/backends/kuberay/access.py) and apply
+(launcher/backends/kuberay/render.py), through the real kubernetes client against a small API server of
+our own (tests/fake_kube.py): the whole KUBECONFIG list merged, the context's namespace, --context, the
+pod's service account as the fallback, a dead or refusing server as one line and exit 2, a missing
+KubeRay CRD named, and ownerReferences to the RayJob on what apply creates besides it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from launcher import kubeaccess
+from launcher.backends.kuberay import access as kubeaccess
 from launcher.errors import BadInput
 from scripts.ports import free_port
 from tests.conftest import REPO

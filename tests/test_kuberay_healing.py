@@ -226,9 +226,9 @@ def test_a_read_through_the_proxy_keeps_the_readers_bounds(tmp_path: Path, ca: t
     bounded reader's caps."""
     from kubernetes import client
 
+    from launcher.backends.kuberay.access import kube_api
+    from launcher.backends.kuberay.proxy import PodProxyReader
     from launcher.health.exporters import ReadError
-    from launcher.health.kubeproxy import PodProxyReader
-    from launcher.kubeaccess import kube_api
 
     with RawServer(answer) as hostile, \
             FakeApiServer(ca, watch_close_s=0.3, nodes={"node-a": hostile.url}) as api_server:

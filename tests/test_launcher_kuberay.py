@@ -22,8 +22,8 @@ import yaml
 
 from alerts.config import DEFAULT as ALERTS_CONFIG
 from exporter import __version__
+from launcher.backends.kuberay.render import render
 from launcher.deploy.manifests import Options
-from launcher.kuberay import render
 from launcher.spec import build_spec
 from scripts.ports import free_port
 from tests.conftest import REPO, http_get, wait_until

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launcher.backends.kuberay.render import render
 from launcher.errors import BadInput
 from launcher.flags import spec_from_options
-from launcher.kuberay import render
 from launcher.run import runtime_env
 from launcher.spec import SpecError, build_spec
 from tests.test_launcher_spec import assert_nothing_started, launcher

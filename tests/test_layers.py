@@ -14,12 +14,15 @@ functions): what may depend on what.
   contract (exporter/contract/wire.py);
 - the launcher's health package depends on the node-remedy protocol only, never on a backend (each
   backend's remedy lives with it in launcher/backends/);
+- a backend (its folder or module under launcher/backends/) never imports another backend: what two
+  share is in launcher/backends/ beside them (base.py, exporters.py, kept.py);
 - product code never imports the tests, the drills or the demo.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,6 +73,19 @@ def within(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
+@functools.cache
+def backend_homes() -> frozenset[str]:
+    """Where each registered backend lives: `launcher.backends.kuberay` (a folder), `...existing` (a module)."""
+    from launcher.backends.registry import BACKENDS
+
+    return frozenset(".".join(backend.__module__.split(".")[:3]) for backend in BACKENDS.values())
+
+
+def backend_home(name: str) -> str | None:
+    """The backend a module belongs to (`launcher.backends.kuberay` for launcher.backends.kuberay.follow)."""
+    return next((home for home in backend_homes() if within(name, home)), None)
+
+
 def registers_a_collector(path: Path) -> bool:
     tree = ast.parse(path.read_text())
     return any(isinstance(node, ast.ClassDef) and any(
@@ -102,9 +118,11 @@ def violations(modules: dict[str, Path]) -> list[str]:
                 found.append(f"{where}: the exporter imports neither the launcher nor Ray")
             if within(name, "exporter") and top in ("dashboards", "alerts"):
                 found.append(f"{where}: the exporter imports neither dashboards nor alerts (they are built on it)")
-            if within(name, "launcher.health") and (within(target, "launcher.backends")
-                                                    or within(target, "launcher.local")):
+            if within(name, "launcher.health") and within(target, "launcher.backends"):
                 found.append(f"{where}: the health package depends on the remedy protocol only, never on a backend")
+            home, other = backend_home(name), backend_home(target)
+            if home is not None and other is not None and other != home:
+                found.append(f"{where}: a backend never imports another backend")
             if (within(name, "alerts") or within(name, "dashboards")) and top == "launcher":
                 found.append(f"{where}: alerts and dashboards never import the launcher")
             if {top, name.split(".")[0]} == {"alerts", "dashboards"}:
@@ -147,7 +165,7 @@ def test_the_product_keeps_its_layers():
     ("exporter.collectors.gpu.bad", "from exporter.gpusim.nvml import SimulatedNvml\n", "never imports the simulator"),
     ("alerts.bad", "def f():\n    from launcher.spec import JobSpec\n", "never import the launcher"),
     ("launcher.bad", "from scripts import stack\n", "never imports the tests"),
-    ("launcher.health.bad", "from launcher.local import LocalCluster\n", "never on a backend"),
+    ("launcher.health.bad", "from launcher.backends.local.cluster import LocalCluster\n", "never on a backend"),
     ("launcher.health.bad", "from launcher.backends.existing import DrainRemedy\n", "never on a backend"),
     ("launcher.deploy.raypulse_agent.bad", "import psutil\n", "the deploy agent imports only"),
     ("launcher.deploy.raypulse_agent.bad", "from exporter.contract import labels\n", "the deploy agent imports only"),

@@ -17,11 +17,11 @@ import jsonschema
 import pytest
 import yaml
 
+from launcher.backends.kuberay.render import render
 from launcher.cli import _reporter
 from launcher.display import PlainReporter
 from launcher.flags import spec_from_options
 from launcher.jobs import JobsClient
-from launcher.kuberay import render
 from launcher.run import entrypoint_options, job_metadata, submission_id
 from launcher.spec import JobSpec, SpecError, build_spec
 from launcher.submission import run_id_of

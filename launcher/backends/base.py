@@ -1,5 +1,6 @@
 """What a run needs from where it lives: the Backend protocol that local clusters, existing clusters
-and KubeRay implement, and the Placement a followed run gets from its backend.
+and KubeRay implement, the Placement a followed run gets from its backend, and the Jobs its attempts
+are (how the attempt engine, launcher/run.py, submits, reads, streams and stops them there).
 
 A backend is resolved once per command (launcher/backends/__init__.py `resolve`) and bound to the
 spec it was resolved for. The rest of the launcher asks it (what it refuses, where checkpoints go,
@@ -9,16 +10,20 @@ a recorded run's cluster is reached again) instead of comparing backend names.
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from launcher.errors import BadInput
 from launcher.health.exporters import Target
 from launcher.health.remedy import NodeRemedy
 from launcher.jobs import JobsClient
 from launcher.journal import Journal
-from launcher.state import ClusterRecord, ExporterAccess, RunRecord, clear_stop
+from launcher.raydash import RayDashboard
+from launcher.state import ClusterRecord, ExporterAccess, RunRecord, claim_supervision, clear_stop, release_supervision
 
 if TYPE_CHECKING:
     from launcher.display import Reporter
@@ -48,11 +53,85 @@ class Exporters(Protocol):
 
 
 @dataclass
-class Placement:
-    """A followed run's cluster, started or attached by its backend: the Jobs API client, the
-    exporters, the node remedy, and what happens to the cluster when the run ends."""
+class Seen:
+    """One attempt as its backend sees it now (Ray's JobDetails, a RayJob's status), in one shape."""
 
-    client: JobsClient
+    submission_id: str | None  # None: the platform has not named (started) the attempt yet
+    status: str  # Ray's job status: PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED
+    message: str | None = None
+    error_type: str | None = None
+    driver_exit_code: int | None = None
+    start_time: float | None = None  # seconds since the epoch
+    end_time: float | None = None
+    job: dict[str, Any] | None = None  # what stacks need of it (launcher/run.py job_view); None: not known
+    retried: bool = False  # it failed and the platform retries it itself (retry.scheduled, no submit)
+    run_end: tuple[str, str | None] | None = None  # the platform ended the run: its final state and reason
+
+
+@dataclass
+class Submission:
+    """What an attempt is submitted with: its number, environment (RAYPULSE_*: identity, checkpoints,
+    resume point), the trace to join and the Ray job metadata."""
+
+    attempt: int
+    env: dict[str, str]
+    traceparent: str | None
+    trace_id: str | None
+
+
+class Jobs(Protocol):
+    """A run's attempts where its backend runs them: what the attempt engine (launcher/run.py) asks. The
+    engine owns an attempt's life (stops, deadlines, a lost API, healing, bookkeeping, the run's end);
+    this says how a job is submitted, what its status is, where its log comes from and how it is stopped.
+    An attempt the backend names itself (`names_attempts` False) is known by the id its status gives."""
+
+    address: str  # where the attempts go, as the journal says it
+    names_attempts: bool  # True: attempt n is submitted as the engine's id for it (launcher/submission.py)
+    retries_itself: bool  # True: the platform retries a failed attempt and enforces the deadlines itself
+    token: str | None  # the cluster's Ray token: an attempt's progress token derives from it
+
+    def status(self, attempt: int, sid: str | None) -> Seen | None:
+        """The attempt now (None: no such job, or not started yet). Raises ClusterLost when the backend
+        does not answer (the engine decides when that ends the run)."""
+        ...
+
+    def submit(self, sid: str | None, submission: Submission) -> None:
+        """Start the attempt (for a platform that retries itself: again, after the engine stopped one).
+        Raises BadInput or InfraError; RunEnds when the run ends here instead."""
+        ...
+
+    def stop(self, attempt: int, sid: str | None, restart: bool, why: str | None) -> None:
+        """Stop the attempt: for good (`restart` False), or to start the next one after a fault."""
+        ...
+
+    def stopping(self, restart: bool) -> str | None:
+        """How a stop is done, for the journal's line (None: nothing to add)."""
+        ...
+
+    def follow_logs(self, attempt: int, sid: str | None, write: Callable[[str], None]) -> threading.Thread:
+        """Stream the attempt's log to `write` as it comes; the thread ends with the log."""
+        ...
+
+    def logs(self, attempt: int, sid: str | None) -> str:
+        """The attempt's whole log (once it ended: what it printed)."""
+        ...
+
+
+class RunEnds(Exception):
+    """A backend's hook ends the run here (its final state and reason) instead of going on."""
+
+    def __init__(self, state: str, reason: str | None) -> None:
+        super().__init__(reason or state)
+        self.state, self.reason = state, reason
+
+
+@dataclass
+class Placement:
+    """A followed run's cluster, started or attached by its backend: its jobs, the dashboard (stacks),
+    the exporters, the node remedy, and what happens to the cluster when the run ends."""
+
+    jobs: Jobs
+    dashboard: RayDashboard | None
     exporters: Exporters
     remedy: NodeRemedy
     local_processes: bool  # the job's processes run on this machine (their stacks can be taken here)
@@ -75,7 +154,9 @@ class Placement:
 class Backend(Protocol):
     """One place a run can live. Class-level: its name (the spec's `backend`), the spec fields only it
     (and others that list them) takes, what it refuses, and how a recorded run's cluster is reached.
-    Instance-level (bound to one spec by `resolve`): everything one command needs."""
+    Instance-level (bound to one spec by `resolve`): everything one command needs. What one backend
+    cannot do is a capability it declares (`followed`), never a method that raises: a followed backend
+    also implements `Followed`, one that is not implements `HandedOff`."""
 
     name: ClassVar[str]
     takes: ClassVar[frozenset[str]]  # backend-specific spec fields it honours
@@ -99,14 +180,33 @@ class Backend(Protocol):
         """Why the run cannot be left to its cluster (--no-wait) (None: it can)."""
         ...
 
-    def hand_off(self, reporter: Reporter, cancel: threading.Event, detach: bool) -> RunRecord:
-        """For a backend that is not followed: hand the run to its platform, record it, and (unless
-        `detach`) watch it to the platform's end of it. The run's record, with its exit code once ended."""
-        ...
-
     def checkpoint_dir(self) -> str | None:
         """RAYPULSE_CHECKPOINT_DIR for every attempt; made and checked now where this machine can."""
         ...
+
+    @classmethod
+    def refresh(cls, record: RunRecord, token_path: Path | None = None) -> None:
+        """A recorded, unfinished run's record brought up to what its cluster says, while that answers
+        (`launcher status`); one nothing follows any more is finished here once its cluster ended it."""
+        ...
+
+    @classmethod
+    def live_log(cls, record: RunRecord, attempt: int, write: Callable[[str], None], follow: bool,
+                 token_path: Path | None = None) -> bool:
+        """`launcher logs`: the attempt's log from its cluster, while that has it (False: it does not)."""
+        ...
+
+    @classmethod
+    def stop_recorded(cls, record: RunRecord, token_path: Path | None = None) -> list[str]:
+        """`launcher stop` of a recorded run: its unfinished attempts stopped and its launcher told not to
+        retry (or, with none following it, stopped here). The submission ids (or names) stopped."""
+        ...
+
+
+
+class Followed(Backend, Protocol):
+    """A backend whose runs the launcher follows (`followed`): `launcher.submit` places the run and the
+    attempt engine drives it."""
 
     def run_record(self) -> RunRecord:
         """The record of an earlier submit of the run id that this submit continues, or a new one."""
@@ -117,6 +217,15 @@ class Backend(Protocol):
         ...
 
 
+class HandedOff(Backend, Protocol):
+    """A backend whose platform supervises the run (not `followed`): its retries and deadlines are the
+    platform's; the launcher hands the run to it and follows the platform's attempts with the same engine."""
+
+    def hand_off(self, reporter: Reporter, cancel: threading.Event, detach: bool) -> RunRecord:
+        """Hand the run to its platform, record it, and (unless `detach`) follow it to the platform's end
+        of it. The run's record, with its exit code once ended."""
+        ...
+
 
 def new_record(spec: JobSpec, backend: str) -> RunRecord:
     """A new run's record; a stop asked of an earlier run with this id is not for this one."""
@@ -124,3 +233,16 @@ def new_record(spec: JobSpec, backend: str) -> RunRecord:
     clear_stop(spec.run_id)
     return RunRecord(run_id=spec.run_id, name=spec.name, backend=backend, max_attempts=spec.max_attempts,
                      spec=spec.model_dump(mode="json"))
+
+
+def unsupervised(record: RunRecord) -> bool:
+    """No live launcher supervises the run (it was detached, or its launcher was killed): this process may
+    act for it. The check takes the run's supervisor lock and gives it back at once."""
+    if record.pid == os.getpid():
+        return False  # this process supervises it (an API caller)
+    try:
+        claim_supervision(record)
+    except BadInput:
+        return False
+    release_supervision(record.run_id)
+    return True

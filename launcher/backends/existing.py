@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.backends.base import Exporters, Placement, new_record
 from launcher.backends.exporters import ClusterExporters, DeployedExporters
+from launcher.backends.kept import cluster_client, local_checkpoint_dir, reach_cluster
 from launcher.backends.kinds import ExistingKind
-from launcher.backends.local import cluster_client, local_checkpoint_dir, reach_cluster
+from launcher.backends.rayjobs import OnRayJobs, RayJobs
 from launcher.deploy import remote
 from launcher.errors import BadInput, InfraError
 from launcher.health.faults import Fault
@@ -28,7 +29,6 @@ from launcher.journal import Journal
 from launcher.state import RunRecord, load_cluster, load_run
 
 if TYPE_CHECKING:
-    from launcher.display import Reporter
     from launcher.spec import JobSpec
 
 
@@ -70,7 +70,7 @@ class DrainRemedy:
         return run.result
 
 
-class ExistingBackend(ExistingKind):
+class ExistingBackend(ExistingKind, OnRayJobs):
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
@@ -97,9 +97,6 @@ class ExistingBackend(ExistingKind):
     def no_wait_refusal(self) -> str | None:
         return None  # the cluster outlives the command
 
-    def hand_off(self, reporter: Reporter, cancel: threading.Event, detach: bool) -> RunRecord:
-        raise NotImplementedError("runs on an existing cluster are followed")
-
     def checkpoint_dir(self) -> str | None:
         """A kept local cluster's nodes are on this machine: made here. Elsewhere what the spec says (an
         absolute path or a URI, checked with the spec), since only the nodes can tell whether they reach it."""
@@ -114,5 +111,5 @@ class ExistingBackend(ExistingKind):
         client = client_for(spec.address, spec.cluster, spec.token_path, spec.headers, spec.verify)
         journal.emit("run.placed", address=client.address, cluster=spec.cluster)
         exporters: Exporters = ClusterExporters(lambda: kept) if kept is not None else DeployedExporters(client)
-        return Placement(client=client, exporters=exporters, remedy=DrainRemedy(client),
-                         local_processes=kept is not None)
+        return Placement(jobs=RayJobs(client, spec), dashboard=client.dashboard, exporters=exporters,
+                         remedy=DrainRemedy(client), local_processes=kept is not None)

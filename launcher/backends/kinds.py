@@ -24,7 +24,7 @@ class SpecFields(Protocol):
 
 
 class Kind:
-    """A backend's rules; its implementation (launcher/backends/<name>.py) inherits them."""
+    """A backend's rules; its implementation (launcher/backends/<name>/) inherits them."""
 
     name: ClassVar[str]
     takes: ClassVar[frozenset[str]] = frozenset()  # backend-specific spec fields it honours

@@ -22,7 +22,7 @@ as a kustomize base with two overlays (exporter/kustomize/, `launcher exporters 
 without the Operator: a scrape job and the rule files, our Watchdog among them, as ConfigMaps instead of
 the two CRD objects).
 
-Plain data, like the KubeRay backend renders the RayJob; tests/test_k8s_manifests.py validates each
+Plain data, like launcher/backends/kuberay/render.py renders the RayJob; tests/test_k8s_manifests.py validates each
 object against the Kubernetes OpenAPI schema or the prometheus-operator CRD vendored in tests/data/,
 and tests/test_kustomize.py renders the committed base and overlays with `kubectl kustomize`.
 """
@@ -74,8 +74,9 @@ DEFAULT_RESOURCES: Mapping[str, Mapping[str, str]] = {
 }
 # The GPU Operator's and the device plugin's taint on GPU nodes; dcgm-exporter's DaemonSet tolerates it too.
 GPU_TOLERATION: Mapping[str, str] = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-# A web config Secret (TLS, basic auth: docs/web-config.md) as the KubeRay sidecar mounts it (the KubeRay backend):
-# the key web-config.yml and the files it names beside it; ca.crt is what the scrape trusts.
+# A web config Secret (TLS, basic auth: docs/web-config.md) as the KubeRay sidecar mounts it
+# (launcher/backends/kuberay/render.py): the key web-config.yml and the files it names beside it; ca.crt is
+# what the scrape trusts.
 WEB_CONFIG_VOLUME = "web-config"
 WEB_CONFIG_MOUNT = "/etc/raypulse/web"
 WEB_CONFIG_KEY = "web-config.yml"

@@ -5,7 +5,6 @@ replaced or drained node. Every step is an event of the run's journal.
 
     policy.py     the `health:` section of the job spec, with defaults from alerts/config.py
     exporters.py  where the cluster's exporters are and what they serve now (one read of each)
-    kubeproxy.py  the same read of a KubeRay pod's sidecar, through the Kubernetes API server's pod proxy
     faults.py     what a read means: the faults of one attempt, with their evidence (pure)
     watcher.py    reads every check interval, remembers what it already reported
     stacks.py     every process's Python stack through Ray's dashboard, grouped

@@ -9,7 +9,7 @@ Every read of an exporter (here, and the recorder's) goes through one bounded re
 exporter is foreign input and may be dying, slow or hostile, so a read has one deadline for the whole
 request (a server trickling a byte at a time cannot hold it), caps on the bytes on the wire and on
 what they inflate to (a gzip bomb), and every way it can go wrong ends as one ReadError. A target
-reached another way (a KubeRay pod's sidecar through the API server's proxy, launcher/health/kubeproxy.py)
+reached another way (a KubeRay pod's sidecar through the API server's proxy, launcher/backends/kuberay/proxy.py)
 carries its own Reader, which reads the body through the same bounds (`read_body`, `answer_of`).
 """
 

@@ -2,14 +2,14 @@
 deadlines, shutdownAfterJobFinishes, runtime env, token auth), the Secret holding its token, the
 exporter as a sidecar in every Ray pod, and a PodMonitor that scrapes those sidecars.
 
-The sidecar runs the raypulse exporter image (exporter/manifests.py's DEFAULT_IMAGE, the Dockerfile's;
+The sidecar runs the raypulse exporter image (launcher/deploy/manifests.py's DEFAULT_IMAGE, the Dockerfile's;
 `exporter_image` overrides it) unprivileged (SIDECAR_SECURITY: non-root, no privilege escalation, no
 capabilities, read-only root filesystem with an emptyDir /tmp). What it needs to see, and how it gets it
 (docs/kubernetes.md, "KubeRay sidecar"): the Ray container's processes through shareProcessNamespace on
 every Ray pod (same uid as Ray, so /proc/<pid> of Ray's processes is readable), and, in pods whose Ray
 container requests GPUs, the node's GPUs read-only through the NVIDIA container runtime (GPU_VISIBILITY)
 without requesting any. Its /readyz body says what it still cannot see. The PodMonitor relabels to the
-label contract of the rules and dashboards (exporter/manifests.py's relabelings), with the cluster taken
+label contract of the rules and dashboards (launcher/deploy/manifests.py's relabelings), with the cluster taken
 from KubeRay's `ray.io/cluster` pod label, which the sidecar also passes as its --cluster.
 
 With `exporter_web_config_secret` it serves TLS (and basic auth, if the web config has users) from a
@@ -39,10 +39,10 @@ import yaml
 
 from exporter.contract import wire
 from launcher import state
+from launcher.backends.kuberay.access import KubeAccess, api_error, kube_api
 from launcher.deploy.manifests import DEFAULT_IMAGE, Options, relabelings
 from launcher.errors import BadInput
 from launcher.journal import Journal
-from launcher.kubeaccess import KubeAccess, api_error, kube_api
 from launcher.run import job_metadata, runtime_env
 from launcher.runtime_env import is_remote
 from launcher.spec import JobSpec, format_memory

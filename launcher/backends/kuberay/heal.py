@@ -2,7 +2,7 @@
 
 The watcher (launcher/healing.py, unchanged) reads the raypulse sidecars of the RayJob's current Ray pods
 (`ray.io/cluster=<status.rayClusterName>` in the RayJob's namespace) through the API server's pod proxy
-(launcher/health/kubeproxy.py): the launcher needs no route to the pods' network, only `list pods` and
+(launcher/backends/kuberay/proxy.py): the launcher needs no route to the pods' network, only `list pods` and
 `get pods/proxy`. A fault's node is the pod's Kubernetes node (spec.nodeName).
 
 Keeping a node out: KubeRay has no drain of its own and places each new RayCluster by the scheduler, so
@@ -20,9 +20,9 @@ from typing import Any
 
 from alerts.config import DEFAULT as ALERTS_CONFIG
 from exporter.contract import wire
+from launcher.backends.kuberay.proxy import pod_target
 from launcher.health.exporters import Target, TargetSource
 from launcher.health.faults import Fault
-from launcher.health.kubeproxy import pod_target
 from launcher.recording import ScrapeTarget, SdSource
 from launcher.state import RunRecord
 

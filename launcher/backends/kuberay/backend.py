@@ -1,25 +1,28 @@
-"""The KubeRay backend: the run is rendered as a RayJob (launcher/kuberay.py) and applied to the cluster
-of the kubeconfig context (launcher/kubeaccess.py). KubeRay supervises it (backoffLimit retries,
-activeDeadlineSeconds, a new RayCluster per retry), so the launcher hands it off: it records the run at
-once and watches the RayJob to KubeRay's end of it (launcher/backends/kuberay_follow.py)."""
+"""The KubeRay backend: the run is rendered as a RayJob (render.py) and applied to the cluster of the
+kubeconfig context (access.py). KubeRay supervises it (backoffLimit retries, activeDeadlineSeconds, a new
+RayCluster per retry), so the launcher hands it off: it records the run at once and the attempt engine
+(launcher/run.py) follows the RayJob's attempts to KubeRay's end of it (follow.py says how)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher import kuberay
-from launcher.backends import kuberay_follow
-from launcher.backends.base import Placement, new_record
+from launcher.backends.base import new_record, unsupervised
 from launcher.backends.kinds import KubeRayKind
-from launcher.errors import BadInput
+from launcher.backends.kuberay import render
+from launcher.backends.kuberay.access import KubeAccess, kube_api
+from launcher.backends.kuberay.follow import RayJobAttempts, catch_up, pod_log, stop_unfollowed
+from launcher.errors import BadInput, InfraError
+from launcher.exitcodes import ExitCode
 from launcher.jobs import JobsClient
 from launcher.journal import Journal
-from launcher.kubeaccess import KubeAccess, kube_api
-from launcher.state import RunRecord, claim_supervision, load_run, release_supervision
+from launcher.run import Run
+from launcher.state import RunRecord, claim_supervision, load_run, release_supervision, request_stop
 from launcher.tracing import RunTrace, traces_url
 
 if TYPE_CHECKING:
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
 def _watched(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str,
              cluster: Callable[[], str | None]) -> tuple[Healing | None, Recorder | None]:
     """The run's health watcher and recording on KubeRay, both reading the sidecars of the current
-    RayCluster's pods through the API server (launcher/backends/kuberay_heal.py); a faulty GPU's node
+    RayCluster's pods through the API server (launcher/backends/kuberay/heal.py); a faulty GPU's node
     cordoned with health.cordon_nodes. Neither without sidecars (nothing to read); no watcher with health
     off; no recording with `record: off` or the user's Prometheus (`prometheus:`: reports read it there)."""
     if not spec.sidecar:
@@ -40,7 +43,7 @@ def _watched(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str
     from kubernetes import client
 
     from launcher import recording
-    from launcher.backends.kuberay_heal import NodeCordon, ray_pod_targets, scrape_targets
+    from launcher.backends.kuberay.heal import NodeCordon, ray_pod_targets, scrape_targets
     from launcher.healing import Healing
 
     core = client.CoreV1Api(access.api_client)
@@ -49,7 +52,8 @@ def _watched(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str
     if spec.health.enabled:
         remedy = NodeCordon(core, spec.run_id or "") if spec.health.cordon_nodes else None
         healing = Healing(spec.health, journal, targets, remedy, blind_hint=(
-            "no running Ray pod of the RayJob's cluster on a node, or no `list pods` for the launcher's account"))
+            "no running Ray pod of the RayJob's cluster on a node, or no `list pods` for the launcher's account"),
+            no_remedy="health.cordon_nodes is off: the node is not cordoned")
     recorder = None
     if spec.record != "off" and not spec.prometheus:
         record = journal.record
@@ -67,7 +71,7 @@ class KubeRayBackend(KubeRayKind):
 
     @staticmethod
     def reach(record: RunRecord, token_path: Path | None = None) -> JobsClient | None:
-        return None  # its runs are not recorded here
+        return None  # its Ray clusters are KubeRay's: their dashboards are not reached from here
 
     def describe(self) -> str:
         return self.name
@@ -81,7 +85,7 @@ class KubeRayBackend(KubeRayKind):
         # One launcher follows a run: a second submit of the same run id is refused before it applies.
         claim_supervision(load_run(self.spec.run_id) or RunRecord(run_id=self.spec.run_id, name=self.spec.name,
                                                                    backend=self.name))
-        applied = kuberay.apply(self.spec, access)
+        applied = render.apply(self.spec, access)
         name, namespace = applied.rayjob["metadata"]["name"], applied.namespace
         spec = self.spec.model_copy(update={"namespace": namespace})  # recorded where it was applied
         record = (load_run(name) if applied.existed else None) or new_record(spec, self.name)
@@ -100,12 +104,18 @@ class KubeRayBackend(KubeRayKind):
             release_supervision(name)  # `status` and `stop` read and stop it from here on
             return record
         recorder = None
+        jobs = RayJobAttempts(applied, access, journal, spec)
         try:
-            follower = kuberay_follow.RayJobFollower(applied, access, journal, cancel, spec=spec)
-            follower.healing, recorder = _watched(spec, journal, access, namespace, lambda: follower.cluster_name)
-            follower.recorder = recorder
-            return follower.follow()
+            healing, recorder = _watched(spec, journal, access, namespace, lambda: jobs.cluster_name)
+            run = Run(spec, jobs, journal, cancel, healing=healing, recorder=recorder)
+            jobs.watch()
+            run.start()
+            try:
+                return run.wait()
+            except InfraError as exc:  # the API server lost for good
+                return run.finish_with(ExitCode.INFRA_ERROR, str(exc))
         finally:
+            jobs.close()
             if recorder is not None:
                 recorder.stop()
             journal.close(record.state)
@@ -115,12 +125,28 @@ class KubeRayBackend(KubeRayKind):
     def checkpoint_dir(self) -> str | None:
         return self.spec.checkpoint_dir
 
-    def run_record(self) -> RunRecord:
-        raise self._not_followed()
+    @classmethod
+    def refresh(cls, record: RunRecord, token_path: Path | None = None) -> None:
+        if record.detached or unsupervised(record):
+            with contextlib.suppress(BadInput):  # a cluster that does not answer: the run as recorded
+                catch_up(record)  # nobody else keeps its record up to date
 
-    def place(self, journal: Journal, cancel: threading.Event, detach: bool) -> Placement:
-        raise self._not_followed()
+    @classmethod
+    def live_log(cls, record: RunRecord, attempt: int, write: Callable[[str], None], follow: bool,
+                 token_path: Path | None = None) -> bool:
+        """The latest attempt's submitter pod's log, while the pod is there and no log was saved."""
+        latest = record.attempts[-1] if record.attempts else None
+        if latest is None or latest.attempt != attempt or record.attempt_log(attempt).exists():
+            return False
+        return pod_log(record, write, follow)
 
-    def _not_followed(self) -> BadInput:
-        return BadInput(f"backend: {self.name} runs are supervised by KubeRay, not by a launcher attempt loop: "
-                        f"`launcher submit --backend {self.name}` applies and watches them (the backend's hand_off())")
+    @classmethod
+    def stop_recorded(cls, record: RunRecord, token_path: Path | None = None) -> list[str]:
+        if record.exit_code is not None:
+            return []
+        if not unsupervised(record):
+            request_stop(record.run_id)  # its launcher deletes (or suspends) the RayJob and records the end
+            Journal(run_id=record.run_id).emit("run.stop_requested", stopped=[record.run_id],
+                                               trace_id=record.trace_id)
+            return [record.run_id]
+        return stop_unfollowed(record)

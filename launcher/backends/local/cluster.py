@@ -34,7 +34,7 @@ import psutil
 from exporter.config import ConfigError
 from exporter.contract import wire
 from exporter.serving.binding import can_listen
-from launcher.errors import BadInput, InfraError
+from launcher.errors import BadInput, Cancelled, InfraError
 from launcher.exporter_plan import PROGRESS_HOST, ExporterPlan, prepare_web_config
 from launcher.journal import Journal
 from launcher.raydash import RayDashboard
@@ -55,10 +55,6 @@ class ClusterError(InfraError):
 
 class PortInUse(BadInput):
     """A fixed port the spec asks for is taken (bad input: nothing was started)."""
-
-
-class Cancelled(Exception):
-    """Start-up was interrupted (Ctrl-C, SIGTERM, `launcher stop`)."""
 
 
 def _free_port() -> int:

@@ -5,7 +5,6 @@ second time the same node faults it is retired and the run goes on without it.""
 from __future__ import annotations
 
 import importlib
-import os
 import shutil
 import threading
 from pathlib import Path
@@ -13,53 +12,21 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.backends.base import Placement, new_record
 from launcher.backends.exporters import ClusterExporters
+from launcher.backends.kept import cluster_client, local_checkpoint_dir, reach_cluster
 from launcher.backends.kinds import LocalKind
+from launcher.backends.local.cluster import LocalCluster
+from launcher.backends.rayjobs import OnRayJobs, RayJobs
 from launcher.errors import BadInput, InfraError
 from launcher.health.faults import Fault
 from launcher.jobs import JobsClient
 from launcher.journal import Journal
-from launcher.local import LocalCluster
 from launcher.run import finish_run
-from launcher.state import ClusterRecord, RunRecord, load_cluster, load_run, private_dir, run_dir
+from launcher.state import ClusterRecord, RunRecord, load_cluster, load_run
 
 if TYPE_CHECKING:
-    from launcher.display import Reporter
     from launcher.spec import JobSpec
 
 UP_CLUSTER_NAME = "local"  # `launcher up` without --name
-
-
-def cluster_client(name: str) -> tuple[ClusterRecord, JobsClient]:
-    """A kept (or running) local cluster and a Jobs API client for it."""
-    record = load_cluster(name)
-    if record is None:
-        raise BadInput(f"cluster: no running local cluster named {name!r}; start one with `launcher up --name {name}`")
-    return record, JobsClient(record.address, Path(record.token_path).read_text().strip(), field="cluster")
-
-
-def local_checkpoint_dir(spec: JobSpec) -> str:
-    """A cluster on this machine shares its disk: the checkpoint directory is made now (under the run's
-    record unless the spec names one), and one that cannot be made or written is bad input."""
-    path = Path(spec.checkpoint_dir) if spec.checkpoint_dir else run_dir(spec.run_id or "") / "checkpoints"
-    try:
-        private_dir(path)
-        probe = path / f".raypulse-write-check-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise BadInput(f"checkpoint_dir: cannot write checkpoints to {path}: {exc.strerror or exc}; give "
-                       "--checkpoint-dir a directory the nodes can write") from None
-    return str(path.resolve())
-
-
-def reach_cluster(record: RunRecord) -> JobsClient | None:
-    """A client for the local cluster a run used, while it is still up."""
-    try:
-        if record.cluster and load_cluster(record.cluster) is not None:
-            return cluster_client(record.cluster)[1]
-    except BadInput:  # gone since it was looked up
-        pass
-    return None
 
 
 class LocalRemedy:
@@ -86,9 +53,10 @@ class LocalPlacement(Placement):
     """A run on a local cluster: its exporters are the cluster's, and the cluster goes with the run
     unless it is kept."""
 
-    def __init__(self, cluster: LocalCluster, client: JobsClient) -> None:
-        super().__init__(client=client, exporters=ClusterExporters(lambda: cluster.record),
-                         remedy=LocalRemedy(cluster), local_processes=True)
+    def __init__(self, cluster: LocalCluster, client: JobsClient, spec: JobSpec) -> None:
+        super().__init__(jobs=RayJobs(client, spec), dashboard=client.dashboard,
+                         exporters=ClusterExporters(lambda: cluster.record), remedy=LocalRemedy(cluster),
+                         local_processes=True)
         self._cluster = cluster
 
     @property
@@ -111,7 +79,7 @@ class LocalPlacement(Placement):
         self._cluster.teardown()
 
 
-class LocalBackend(LocalKind):
+class LocalBackend(LocalKind, OnRayJobs):
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
@@ -131,9 +99,6 @@ class LocalBackend(LocalKind):
         return ("the local cluster this submit starts is torn down when the command returns, and the job with it; "
                 "add --keep-cluster (stop it later with `launcher down RUN_ID`), or submit to a running cluster "
                 "(--cluster NAME from `launcher up`, or --address URL)")
-
-    def hand_off(self, reporter: Reporter, cancel: threading.Event, detach: bool) -> RunRecord:
-        raise NotImplementedError("local runs are followed")
 
     def checkpoint_dir(self) -> str | None:
         return local_checkpoint_dir(self.spec)
@@ -157,7 +122,7 @@ class LocalBackend(LocalKind):
             cluster = LocalCluster.adopt(left, journal, cancel)
             client = cluster_client(left.name)[1]
             journal.emit("run.placed", address=left.address, cluster=left.name, kept=left.kept)
-            return LocalPlacement(cluster, client)
+            return LocalPlacement(cluster, client, spec)
         # Ray's Jobs client takes a second to import: do it while the nodes start.
         threading.Thread(target=importlib.import_module, args=("ray.job_submission",), daemon=True).start()
         # A detached run's exporters start with the cluster: nothing is left to start them later.
@@ -178,4 +143,4 @@ class LocalBackend(LocalKind):
         except BaseException:
             cluster.teardown()
             raise
-        return LocalPlacement(cluster, client)
+        return LocalPlacement(cluster, client, spec)
