@@ -111,14 +111,47 @@ def kind(process: psutil.Process) -> str:
 
 
 @contextlib.contextmanager
-def kept_cluster(name: str, home: Path, workers: int = 1) -> Iterator[dict[str, Any]]:
-    """`launcher up` a local cluster (head + workers) for a module's tests; `launcher down` after, with
-    nothing of it left running."""
+def kept_cluster(name: str, home: Path, workers: int = 1, worker_gpus: int = 0) -> Iterator[dict[str, Any]]:
+    """`launcher up` a local cluster (head + workers, with simulated GPUs if asked) for a module's tests;
+    `launcher down` after, with nothing of it left running."""
     exporter_port, progress_port = free_base(1 + workers)
-    result = launcher("up", "--name", name, "--workers", str(workers), "--exporter-port", str(exporter_port),
+    gpus = ["--worker-gpus", str(worker_gpus), "--simulate-gpus"] if worker_gpus else []
+    result = launcher("up", "--name", name, "--workers", str(workers), *gpus, "--exporter-port", str(exporter_port),
                       "--progress-port", str(progress_port), home=home)
     assert result.returncode == 0, result.stderr
     yield json.loads((home / "clusters" / name / "cluster.json").read_text())
     result = launcher("down", name, home=home)
     assert result.returncode == 0, result.stderr
     assert not cluster_processes(name), describe(cluster_processes(name))
+
+
+class SharedCluster:
+    """One kept local cluster, `shared` (head + one worker with a simulated GPU), for the tests of any module
+    that only submit runs into a cluster and leave it as they found it (tests/conftest.py's `shared_cluster`
+    runs them one after another). `launcher up` when the first asks, `launcher down` after the last; each
+    module keeps its own RAYPULSE_HOME (runs, audit log) and finds the cluster there through a link."""
+
+    name = "shared"
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._stack = contextlib.ExitStack()
+        self._record: dict[str, Any] | None = None
+
+    def attach(self, home: Path) -> dict[str, Any]:
+        """The cluster's record, started if need be, and known in `home` as `--cluster shared`."""
+        if self._record is None:
+            self._record = self._stack.enter_context(kept_cluster(self.name, self.home, worker_gpus=1))
+        link = home / "clusters" / self.name
+        if home != self.home and not link.exists():
+            if link.is_symlink():  # an earlier cluster's, gone
+                link.unlink()
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(self.home / "clusters" / self.name, target_is_directory=True)
+        return self._record
+
+    def close(self) -> None:
+        """`launcher down`, checked to leave nothing running (once; a later attach starts it again)."""
+        if self._record is not None:
+            self._record = None
+            self._stack.close()

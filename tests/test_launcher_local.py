@@ -3,8 +3,8 @@ is retried, one past its deadline, a stop, an idempotent re-submission, the Jobs
 request without the token, SIGINT/SIGTERM leaving no Ray or exporter process behind, and a
 --no-wait run left on its kept cluster.
 
-Most tests share one kept cluster (`launcher up`); the tests about a cluster's whole life (start,
-teardown, interrupts) start their own. Run under `flock /tmp/raypulse-ray.lock`.
+Most tests share one kept cluster (`launcher up`, tests/conftest.py's `shared_cluster`); the tests
+about a cluster's whole life (start, teardown, interrupts) start their own. Run under `flock /tmp/raypulse-ray.lock`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,11 +23,11 @@ import pytest
 
 from tests.conftest import http_get, wait_until
 from tests.launcher_support import (
+    SharedCluster,
     audit_actions,
     cluster_processes,
     describe,
     free_base,
-    kept_cluster,
     kind,
     launcher,
     live,
@@ -69,10 +68,9 @@ def home(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def kept(home: Path) -> Iterator[dict]:
-    """One cluster (head + 1 worker) for the tests that only need somewhere to run jobs."""
-    with kept_cluster("shared", home) as record:
-        yield record
+def kept(home: Path, shared_cluster: SharedCluster) -> dict:
+    """The shared cluster (tests/conftest.py) for the tests that only need somewhere to run jobs."""
+    return shared_cluster.attach(home)
 
 
 def ray_jobs(record: dict) -> list[dict]:
