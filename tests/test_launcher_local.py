@@ -231,17 +231,30 @@ def test_past_active_deadline_is_stopped_exit_4(home: Path, kept: dict):
 
 
 class _Stalling(BaseHTTPRequestHandler):
-    """Accepts the working_dir download and never answers: the attempt stays PENDING."""
+    """Accepts the working_dir download and answers nothing until the launcher has sent the attempt's stop
+    (then it hangs up, and Ray can end the job rather than wait on the download): the attempt stays PENDING
+    past its deadline. `run_file`: the run's record, where the stop shows."""
+
+    run_file: Path
 
     def do_GET(self) -> None:
-        time.sleep(60)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "attempt.stopping" not in self._kinds():
+            time.sleep(0.2)
+
+    def _kinds(self) -> list[str]:
+        try:
+            return [event["kind"] for event in json.loads(self.run_file.read_text())["events"]]
+        except (OSError, ValueError, KeyError):
+            return []
 
     def log_message(self, *args) -> None:
         pass
 
 
 def test_attempt_not_running_by_pre_running_deadline_exit_4(home: Path, kept: dict):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stalling)
+    stalling = type("Stalling", (_Stalling,), {"run_file": home / "runs" / "stuck-1" / "run.json"})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), stalling)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
