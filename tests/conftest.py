@@ -168,10 +168,16 @@ def start_prometheus(tmp_path: Path) -> Iterator[Callable[[str], RunningPromethe
 
 
 @pytest.fixture(scope="session")
-def shared_cluster(tmp_path_factory) -> Iterator[SharedCluster]:
+def shared_launcher_home(tmp_path_factory) -> Path:
+    """The RAYPULSE_HOME of the modules whose tests use the shared cluster (all their tests: one home)."""
+    return tmp_path_factory.mktemp("raypulse-shared-home")
+
+
+@pytest.fixture(scope="session")
+def shared_cluster(shared_launcher_home: Path) -> Iterator[SharedCluster]:
     """The kept local cluster that tests of several modules submit their runs into (a Ray cluster starts
-    once for all of them, not once per module): `shared_cluster.attach(home)` gives its record."""
-    shared = SharedCluster(tmp_path_factory.mktemp("raypulse-shared-home"))
+    once for all of them, not once per module): `shared_cluster.record()`."""
+    shared = SharedCluster(shared_launcher_home)
     yield shared
     shared.close()
 

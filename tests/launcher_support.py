@@ -128,8 +128,8 @@ def kept_cluster(name: str, home: Path, workers: int = 1, worker_gpus: int = 0) 
 class SharedCluster:
     """One kept local cluster, `shared` (head + one worker with a simulated GPU), for the tests of any module
     that only submit runs into a cluster and leave it as they found it (tests/conftest.py's `shared_cluster`
-    runs them one after another). `launcher up` when the first asks, `launcher down` after the last; each
-    module keeps its own RAYPULSE_HOME (runs, audit log) and finds the cluster there through a link."""
+    runs them one after another). `launcher up` when the first asks, `launcher down` after the last. Their
+    modules use its RAYPULSE_HOME (the launcher finds a cluster only there); their run ids differ."""
 
     name = "shared"
 
@@ -138,20 +138,14 @@ class SharedCluster:
         self._stack = contextlib.ExitStack()
         self._record: dict[str, Any] | None = None
 
-    def attach(self, home: Path) -> dict[str, Any]:
-        """The cluster's record, started if need be, and known in `home` as `--cluster shared`."""
+    def record(self) -> dict[str, Any]:
+        """The cluster's record (cluster.json), started if need be."""
         if self._record is None:
             self._record = self._stack.enter_context(kept_cluster(self.name, self.home, worker_gpus=1))
-        link = home / "clusters" / self.name
-        if home != self.home and not link.exists():
-            if link.is_symlink():  # an earlier cluster's, gone
-                link.unlink()
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(self.home / "clusters" / self.name, target_is_directory=True)
         return self._record
 
     def close(self) -> None:
-        """`launcher down`, checked to leave nothing running (once; a later attach starts it again)."""
+        """`launcher down`, checked to leave nothing running (once; a later record() starts it again)."""
         if self._record is not None:
             self._record = None
             self._stack.close()

@@ -63,14 +63,14 @@ print("attempt", os.environ["RAYPULSE_ATTEMPT"], "of run", os.environ["RAYPULSE_
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("raypulse-home")
+def home(shared_launcher_home: Path) -> Path:
+    return shared_launcher_home  # where the shared cluster is known
 
 
 @pytest.fixture(scope="module")
-def kept(home: Path, shared_cluster: SharedCluster) -> dict:
+def kept(shared_cluster: SharedCluster) -> dict:
     """The shared cluster (tests/conftest.py) for the tests that only need somewhere to run jobs."""
-    return shared_cluster.attach(home)
+    return shared_cluster.record()
 
 
 def ray_jobs(record: dict) -> list[dict]:

@@ -52,13 +52,13 @@ NOT_ENDED = ("PENDING", "RUNNING")
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("raypulse-home")
+def home(shared_launcher_home: Path) -> Path:
+    return shared_launcher_home  # where the shared cluster is known
 
 
 @pytest.fixture(scope="module")
-def kept(home: Path, shared_cluster: SharedCluster) -> dict:
-    return shared_cluster.attach(home)
+def kept(shared_cluster: SharedCluster) -> dict:
+    return shared_cluster.record()
 
 
 class JobsSeen:

@@ -19,12 +19,13 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 SUBMISSION_ID = "raysubmit_Parity.1"
 
 
-def test_ray_job_submit_flags_reach_ray(tmp_path: Path, shared_cluster: SharedCluster):
-    record = shared_cluster.attach(tmp_path)  # tests/conftest.py's: its worker has one simulated GPU
+def test_ray_job_submit_flags_reach_ray(shared_cluster: SharedCluster):
+    record = shared_cluster.record()  # tests/conftest.py's: its worker has one simulated GPU
+    home = shared_cluster.home
     args = ("submit", "--cluster", SharedCluster.name, "--submission-id", SUBMISSION_ID, "--entrypoint-num-gpus", "1",
             "--entrypoint-num-cpus", "0.5", "--metadata-json", '{"a": "b"}', "--no-health", "--max-retries",
             "0", "--log-style", "record", "--", "echo parity-ran")
-    first = launcher(*args, home=tmp_path)
+    first = launcher(*args, home=home)
     assert first.returncode == 0, first.stderr
 
     from ray.job_submission import JobSubmissionClient
@@ -45,10 +46,10 @@ def test_ray_job_submit_flags_reach_ray(tmp_path: Path, shared_cluster: SharedCl
     assert [actor["required_resources"] for actor in ours] == [{"GPU": 1.0, "CPU": 0.5}], supervisors
 
     # The same submission id again: the run is followed, not repeated (-o json: the run, on stdout).
-    again = launcher(*args[:1], "-o", "json", *args[1:], home=tmp_path)
+    again = launcher(*args[:1], "-o", "json", *args[1:], home=home)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["run_id"] == run_id_of(SUBMISSION_ID)
     ours = [job.submission_id for job in client.list_jobs() if (job.submission_id or "").startswith("raysubmit_P")]
     assert ours == [SUBMISSION_ID]
-    run = status_json(run_id_of(SUBMISSION_ID), tmp_path)
+    run = status_json(run_id_of(SUBMISSION_ID), home)
     assert [attempt["submission_id"] for attempt in run["attempts"]] == [SUBMISSION_ID]
