@@ -193,6 +193,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """The shared cluster goes right after the last test on it: the tests after run without it beside them."""
-    if SHARED_CLUSTER in getattr(item, "fixturenames", ()) and \
-            SHARED_CLUSTER not in getattr(nextitem, "fixturenames", ()):
-        item.funcargs[SHARED_CLUSTER].close()
+    shared = getattr(item, "funcargs", {}).get(SHARED_CLUSTER)  # absent when the test's setup failed before it
+    if shared is not None and SHARED_CLUSTER not in getattr(nextitem, "fixturenames", ()):
+        shared.close()
