@@ -39,7 +39,7 @@ demo: install system-deps
 	flock /tmp/raypulse-ray.lock $(PY) -m scripts.demo $(ARGS)
 
 # The tests marked ray or online one after another, the rest beside them in namespaces of their own
-# (PID, mount, network: they never see the Ray clusters; scripts/test_lanes.py).
+# (PID, mount, network: they never see the Ray clusters; scripts/test_lanes.py). Ends with the 20 slowest tests.
 test: install system-deps lint
 	$(PY) -m scripts.test_lanes
 

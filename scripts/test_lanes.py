@@ -10,6 +10,10 @@ without them it found the heavy lane's cluster and read it (four tests failed th
 port to the heavy lane). Elsewhere the light lane shares the machine, says so, and leaves the `slow` tests
 to the heavy lane.
 
+At the end, after both lanes' results, the slowest tests of both (from each lane's JUnit report: a test's
+setup, call and teardown together, so a module fixture's start counts in its first test), so that a test
+that became slow shows.
+
 pytest-xdist's `--dist loadgroup` would do this in one session, but its groups do not reach the test
 ids under pytest 9.2 (it sets a private attribute pytest no longer reads), so the groups mix and two
 Ray clusters run at once.
@@ -24,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from xml.etree import ElementTree
 
 HEAVY = "ray or online"
 # Without namespaces the slow tests stay heavy too: several start an exporter that would find the heavy
@@ -35,10 +40,25 @@ NO_TESTS = 5  # pytest's exit status when a lane's selection is empty (a path wi
 NAMESPACES = ["unshare", "--pid", "--fork", "--mount-proc", "--net", "--kill-child"]
 RAY_TEMP = Path("/tmp/ray")  # Ray's default temp dir: a session a light test must not find
 IN_NAMESPACES = "--in-namespaces"  # the first argument of this module as the namespaces' first process
+SLOWEST = 20  # how many of the slowest tests the run ends with
 
 
-def pytest_command(marks: str, args: list[str], cache: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-m", marks, "-o", f"cache_dir={cache}", *args]
+def pytest_command(marks: str, args: list[str], cache: str, report: Path) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-m", marks, "-o", f"cache_dir={cache}", *args, f"--junitxml={report}"]
+
+
+def slowest(reports: dict[str, Path], count: int = SLOWEST) -> list[tuple[float, str, str]]:
+    """The `count` longest tests of the lanes' JUnit reports, as (seconds, lane, test), longest first; a
+    lane that wrote no report (stopped early) adds none."""
+    tests = []
+    for lane, report in reports.items():
+        try:
+            cases = ElementTree.parse(report).getroot().iter("testcase")
+        except (OSError, ElementTree.ParseError):
+            continue
+        tests += [(float(case.get("time") or 0), lane, f"{case.get('classname')}::{case.get('name')}")
+                  for case in cases]
+    return sorted(tests, reverse=True)[:count]
 
 
 def prepare_namespaces() -> None:
@@ -94,12 +114,15 @@ def main(args: list[str]) -> int:
               "tests run in the heavy lane, and an exporter a light test starts may find its Ray cluster", flush=True)
     with tempfile.TemporaryDirectory(prefix="raypulse-lanes-") as temp:
         log = Path(temp) / "light.log"
+        reports = {lane: Path(temp) / f"{lane}.xml" for lane in ("heavy", "light")}
         with log.open("wb") as out:
             # Niced: a Ray test waits on its cluster's processes, which come first; the light lane takes the rest.
-            light = subprocess.Popen([*prefix, *pytest_command(f"not ({heavy_marks})", args, ".pytest_cache/light")],
+            light = subprocess.Popen([*prefix, *pytest_command(f"not ({heavy_marks})", args, ".pytest_cache/light",
+                                                               reports["light"])],
                                      stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(LIGHT_NICENESS))
             try:
-                heavy = subprocess.Popen(pytest_command(heavy_marks, args, ".pytest_cache/heavy")).wait()
+                heavy = subprocess.Popen(pytest_command(heavy_marks, args, ".pytest_cache/heavy",
+                                                        reports["heavy"])).wait()
                 light_status = light.wait()
             finally:
                 if light.poll() is None:
@@ -107,6 +130,10 @@ def main(args: list[str]) -> int:
                     light.wait()
         print("\n=========================== the light lane ===========================", flush=True)
         sys.stdout.write(log.read_text(errors="replace"))
+        print(f"\n===================== the {SLOWEST} slowest tests of both lanes =====================")
+        for seconds, lane, test in slowest(reports):
+            print(f"{seconds:8.2f}s  {lane:5}  {test}")
+        sys.stdout.flush()
     statuses = [status for status in (heavy, light_status) if status != NO_TESTS] or [NO_TESTS]
     return next((status for status in statuses if status != 0), 0)
 

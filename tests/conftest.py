@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from scripts.ports import free_port
+from tests.launcher_support import SharedCluster
 
 REPO = Path(__file__).resolve().parent.parent
+SHARED_CLUSTER = "shared_cluster"  # the fixture below
 
 
 def http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 5.0,
@@ -163,3 +165,34 @@ def start_prometheus(tmp_path: Path) -> Iterator[Callable[[str], RunningPromethe
     for process in started:
         process.terminate()
         process.wait(20)
+
+
+@pytest.fixture(scope="session")
+def shared_launcher_home(tmp_path_factory) -> Path:
+    """The RAYPULSE_HOME of the modules whose tests use the shared cluster (all their tests: one home)."""
+    return tmp_path_factory.mktemp("raypulse-shared-home")
+
+
+@pytest.fixture(scope="session")
+def shared_cluster(shared_launcher_home: Path) -> Iterator[SharedCluster]:
+    """The kept local cluster that tests of several modules submit their runs into (a Ray cluster starts
+    once for all of them, not once per module): `shared_cluster.record()`."""
+    shared = SharedCluster(shared_launcher_home)
+    yield shared
+    shared.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the shared cluster run one after another, where the first of them was."""
+    users = [item for item in items if SHARED_CLUSTER in getattr(item, "fixturenames", ())]
+    if users:
+        first, chosen = items.index(users[0]), {id(item) for item in users}
+        others = [item for item in items if id(item) not in chosen]
+        items[:] = others[:first] + users + others[first:]
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The shared cluster goes right after the last test on it: the tests after run without it beside them."""
+    shared = getattr(item, "funcargs", {}).get(SHARED_CLUSTER)  # absent when the test's setup failed before it
+    if shared is not None and SHARED_CLUSTER not in getattr(nextitem, "fixturenames", ()):
+        shared.close()

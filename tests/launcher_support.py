@@ -112,11 +112,12 @@ def kind(process: psutil.Process) -> str:
 
 
 @contextlib.contextmanager
-def kept_cluster(name: str, home: Path, workers: int = 1) -> Iterator[dict[str, Any]]:
-    """`launcher up` a local cluster (head + workers) for a module's tests; `launcher down` after, with
-    nothing of it left running."""
+def kept_cluster(name: str, home: Path, workers: int = 1, worker_gpus: int = 0) -> Iterator[dict[str, Any]]:
+    """`launcher up` a local cluster (head + workers, with simulated GPUs if asked) for a module's tests;
+    `launcher down` after, with nothing of it left running."""
     exporter_port, progress_port = free_base(1 + workers)
-    result = launcher("up", "--name", name, "--workers", str(workers), "--exporter-port", str(exporter_port),
+    gpus = ["--worker-gpus", str(worker_gpus), "--simulate-gpus"] if worker_gpus else []
+    result = launcher("up", "--name", name, "--workers", str(workers), *gpus, "--exporter-port", str(exporter_port),
                       "--progress-port", str(progress_port), home=home)
     assert result.returncode == 0, result.stderr
     yield json.loads((home / "clusters" / name / "cluster.json").read_text())
@@ -145,3 +146,29 @@ def closed_by_server(host: str, port: int, request: bytes) -> None:
         sock.sendall(request)
         while sock.recv(65536):
             pass
+
+
+class SharedCluster:
+    """One kept local cluster, `shared` (head + one worker with a simulated GPU), for the tests of any module
+    that only submit runs into a cluster and leave it as they found it (tests/conftest.py's `shared_cluster`
+    runs them one after another). `launcher up` when the first asks, `launcher down` after the last. Their
+    modules use its RAYPULSE_HOME (the launcher finds a cluster only there); their run ids differ."""
+
+    name = "shared"
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._stack = contextlib.ExitStack()
+        self._record: dict[str, Any] | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The cluster's record (cluster.json), started if need be."""
+        if self._record is None:
+            self._record = self._stack.enter_context(kept_cluster(self.name, self.home, worker_gpus=1))
+        return self._record
+
+    def close(self) -> None:
+        """`launcher down`, checked to leave nothing running (once; a later record() starts it again)."""
+        if self._record is not None:
+            self._record = None
+            self._stack.close()

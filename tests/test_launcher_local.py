@@ -3,8 +3,8 @@ is retried, one past its deadline, a stop, an idempotent re-submission, the Jobs
 request without the token, SIGINT/SIGTERM leaving no Ray or exporter process behind, and a
 --no-wait run left on its kept cluster.
 
-Most tests share one kept cluster (`launcher up`); the tests about a cluster's whole life (start,
-teardown, interrupts) start their own. Run under `flock /tmp/raypulse-ray.lock`.
+Most tests share one kept cluster (`launcher up`, tests/conftest.py's `shared_cluster`); the tests
+about a cluster's whole life (start, teardown, interrupts) start their own. Run under `flock /tmp/raypulse-ray.lock`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -26,12 +25,12 @@ import pytest
 from exporter.contract import wire
 from tests.conftest import http_get, wait_until
 from tests.launcher_support import (
+    SharedCluster,
     audit_actions,
     closed_by_server,
     cluster_processes,
     describe,
     free_base,
-    kept_cluster,
     kind,
     launcher,
     live,
@@ -68,15 +67,14 @@ print("attempt", os.environ["RAYPULSE_ATTEMPT"], "of run", os.environ["RAYPULSE_
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("raypulse-home")
+def home(shared_launcher_home: Path) -> Path:
+    return shared_launcher_home  # where the shared cluster is known
 
 
 @pytest.fixture(scope="module")
-def kept(home: Path) -> Iterator[dict]:
-    """One cluster (head + 1 worker) for the tests that only need somewhere to run jobs."""
-    with kept_cluster("shared", home) as record:
-        yield record
+def kept(shared_cluster: SharedCluster) -> dict:
+    """The shared cluster (tests/conftest.py) for the tests that only need somewhere to run jobs."""
+    return shared_cluster.record()
 
 
 def ray_jobs(record: dict) -> list[dict]:
@@ -271,17 +269,30 @@ def test_past_active_deadline_is_stopped_exit_4(home: Path, kept: dict):
 
 
 class _Stalling(BaseHTTPRequestHandler):
-    """Accepts the working_dir download and never answers: the attempt stays PENDING."""
+    """Accepts the working_dir download and answers nothing until the launcher has sent the attempt's stop
+    (then it hangs up, and Ray can end the job rather than wait on the download): the attempt stays PENDING
+    past its deadline. `run_file`: the run's record, where the stop shows."""
+
+    run_file: Path
 
     def do_GET(self) -> None:
-        time.sleep(60)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "attempt.stopping" not in self._kinds():
+            time.sleep(0.2)
+
+    def _kinds(self) -> list[str]:
+        try:
+            return [event["kind"] for event in json.loads(self.run_file.read_text())["events"]]
+        except (OSError, ValueError, KeyError):
+            return []
 
     def log_message(self, *args) -> None:
         pass
 
 
 def test_attempt_not_running_by_pre_running_deadline_exit_4(home: Path, kept: dict):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stalling)
+    stalling = type("Stalling", (_Stalling,), {"run_file": home / "runs" / "stuck-1" / "run.json"})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), stalling)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ from launcher.journal import Journal
 from launcher.state import RunRecord
 from tests.broken_exporters import ExporterLike
 from tests.conftest import http_get, wait_until
-from tests.launcher_support import kept_cluster, launcher, start_launcher, status_json
+from tests.launcher_support import SharedCluster, launcher, start_launcher, status_json
 from tests.test_healing_recovery import RUN, Exporter
 
 
@@ -39,7 +38,7 @@ def on_ray(test):
     return pytest.mark.ray(pytest.mark.slow(pytest.mark.timeout(420)(test)))
 
 
-CLUSTER = "supervisor"
+CLUSTER = SharedCluster.name  # tests/conftest.py's shared_cluster
 # Attempt 1 reports five steps, then hangs (its driver stays alive, and says so in its log); attempt 2
 # reports ten and succeeds.
 JOB = ("python -c 'import os, time\nfrom exporter import progress\n"
@@ -53,14 +52,13 @@ NOT_ENDED = ("PENDING", "RUNNING")
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("raypulse-home")
+def home(shared_launcher_home: Path) -> Path:
+    return shared_launcher_home  # where the shared cluster is known
 
 
 @pytest.fixture(scope="module")
-def kept(home: Path) -> Iterator[dict]:
-    with kept_cluster(CLUSTER, home) as record:
-        yield record
+def kept(shared_cluster: SharedCluster) -> dict:
+    return shared_cluster.record()
 
 
 class JobsSeen:

@@ -1,5 +1,5 @@
-"""`make test`'s two lanes (scripts/test_lanes.py): a failure in either lane fails the run, and the
-light lane's output is shown after the heavy one's."""
+"""`make test`'s two lanes (scripts/test_lanes.py): a failure in either lane fails the run, the light
+lane's output is shown after the heavy one's, and the slowest tests of both after that."""
 
 from __future__ import annotations
 
@@ -28,8 +28,10 @@ def test_either_lane_failing_fails_the_run(tmp_path: Path, capfd: pytest.Capture
     tests.write_text(TESTS.format(heavy=heavy, light=light))
     assert test_lanes.main(["-q", "--rootdir", str(tmp_path), str(tests)]) == status
     out = capfd.readouterr().out
-    light_lane = out[out.index("=== the light lane ==="):]
+    light_lane, slowest = out[out.index("=== the light lane ==="):].split("slowest tests of both lanes")
     assert ("1 passed" if light else "1 failed") in light_lane
+    assert {tuple(line.split()[1:]) for line in slowest.splitlines()[1:] if line} == {
+        ("heavy", "test_lanes_sample::test_heavy"), ("light", "test_lanes_sample::test_light")}
 
 
 # The heavy test listens on a port and waits for the light test, which must not see it: neither its
