@@ -25,6 +25,7 @@ RayJob deleted and applied again under the same name goes on with its script's n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import os
@@ -56,6 +57,12 @@ class Attempt:
 
     outcome: str = "SUCCEEDED"  # SUCCEEDED, FAILED, STOPPED, DEADLINE, or HOLD (runs until deleted or suspended)
     log: list[str] = field(default_factory=lambda: ["step 1", "step 2"])
+    # Its driver prints only once somebody follows its pod's log (at most FOLLOW_WAIT_S): a job that runs long
+    # enough for its log to be read, as real ones do, whatever the machine's load does to the follower.
+    until_followed: bool = False
+
+
+FOLLOW_WAIT_S = 60.0
 
 
 VALIDATION_FAILED = "ValidationFailed"
@@ -138,6 +145,7 @@ class FakeApiServer:
         self._version = 0
         self._history: list[tuple[int, str, str, dict[str, Any]]] = []  # (version, collection, type, object)
         self._logs: dict[str, list[str]] = {}  # pod path -> lines
+        self._followed: dict[str, asyncio.Event] = {}  # pod path -> set once its log is followed
         self._ended: set[str] = set()  # pods whose container exited
         self._machines: dict[str, asyncio.Task] = {}
         self._loop = asyncio.new_event_loop()
@@ -266,6 +274,9 @@ class FakeApiServer:
                                jobStatus="PENDING", rayClusterName=cluster, failed=number - 1)
             await asyncio.sleep(self.step_s)
             await self._status(path, jobStatus="RUNNING")
+            if attempt.until_followed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._followed.setdefault(pod, asyncio.Event()).wait(), FOLLOW_WAIT_S)
             for line in attempt.log:
                 self._logs[pod].append(line + "\n")
                 await asyncio.sleep(self.step_s)
@@ -456,6 +467,7 @@ class FakeApiServer:
             return web.Response(text="".join(self._logs[pod]))
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
         await response.prepare(request)
+        self._followed.setdefault(pod, asyncio.Event()).set()
         sent = 0
         while True:
             lines = self._logs[pod]

@@ -96,7 +96,8 @@ def test_a_watch_too_old_to_resume_starts_from_a_fresh_list(env: dict[str, str],
 
 
 def test_a_retried_run_is_followed_through_its_retries(env: dict[str, str], api_server: FakeApiServer):
-    api_server.scripts["retry-1"] = [Attempt("FAILED", ["first try"]), Attempt("SUCCEEDED", ["second try"])]
+    api_server.scripts["retry-1"] = [Attempt("FAILED", ["first try"], until_followed=True),
+                                     Attempt("SUCCEEDED", ["second try"])]
     result = submit(env, "retry-1", "--max-retries", "1")
     assert result.returncode == 0, result.stderr
     assert "first try\nsecond try\n" in result.stdout

@@ -106,6 +106,11 @@ class _PodLog:
                     return None  # it never started here: nothing of it to read
                 time.sleep(VIEW_POLL_S)
                 continue
+            if jobs.number is not None and jobs.number > self.attempt:
+                # A later attempt runs: KubeRay deleted this one's submitter pod, and the fresh one is the later's.
+                jobs.journal.reporter.warn(f"the driver's log of attempt {self.attempt} is gone: KubeRay replaced "
+                                           "its submitter pod before it could be read")
+                return None
             deadline = deadline or time.monotonic() + 120
             pods = jobs.core.list_namespaced_pod(jobs.namespace,
                                                  label_selector=f"{JOB_NAME_LABEL}={jobs.name}").items
