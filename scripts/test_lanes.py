@@ -1,28 +1,24 @@
-"""`make test`: the suite as three pytest sessions side by side. The heavy lane (tests marked `ray`, which
-start a Ray cluster, and `online`, which need the package registries) runs one test after another and
-prints as it goes; the Ray lane apart (tests marked `apart`: Ray tests that need nothing of this machine's
-network) runs its Ray tests one after another beside it, in namespaces of its own; the light lane
-(everything else) runs beside both, niced. The two other lanes' output is saved and printed once they
-end. The exit status is the first failing lane's (heavy, apart, light).
+"""`make test`: the suite as two pytest sessions side by side. The heavy lane (tests marked `ray`, which
+start a Ray cluster, one at a time on this machine, and `online`, which need the package registries) runs
+one test after another and prints as it goes; the light lane (everything else) runs beside it, niced, its
+output saved and printed once it ends. The exit status is the heavy lane's, or the light lane's when only
+that failed.
 
-Ray tests wait on their clusters far more than they compute, so two of them at once fit 2 cores: one
-Ray lane took 25 minutes, the heavy lane alone (the critical path) now about half of that. Two clusters
-on one network would take each other's ports and read each other's exporters, so the second Ray lane
-gets its own network, PID and mount namespaces, as the light lane does (a light test's exporter finds Ray
-clusters through /proc, /tmp/ray and 127.0.0.1:8265: without them four light tests read the heavy lane's
-cluster). The heavy lane stays on the machine's network: its `online` tests reach the registries and
-test_two_hosts makes network namespaces of its own. Where this machine allows no namespaces (not root),
-the light lane shares the machine and says so, and the heavy lane takes the `apart` and `slow` tests too.
+The light lane runs in namespaces of its own (PID, mount, network) where this machine allows them (root):
+an exporter started by a light test finds Ray clusters through /proc, /tmp/ray and 127.0.0.1:8265, and
+without them it found the heavy lane's cluster and read it (four tests failed that way; one lost its
+port to the heavy lane). Elsewhere the light lane shares the machine, says so, and leaves the `slow` tests
+to the heavy lane.
 
-At the end, after every lane's results, the slowest tests of all (from each lane's JUnit report: a test's
+At the end, after both lanes' results, the slowest tests of both (from each lane's JUnit report: a test's
 setup, call and teardown together, so a module fixture's start counts in its first test), so that a test
-that became slow shows, and which lane to move a file to when one lane runs longer than the other.
+that became slow shows.
 
 pytest-xdist's `--dist loadgroup` would do this in one session, but its groups do not reach the test
 ids under pytest 9.2 (it sets a private attribute pytest no longer reads), so the groups mix and two
-Ray clusters run at once on one network.
+Ray clusters run at once.
 
-    python -m scripts.test_lanes [pytest arguments for every lane]
+    python -m scripts.test_lanes [pytest arguments for both lanes]
 """
 
 from __future__ import annotations
@@ -31,16 +27,13 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from xml.etree import ElementTree
 
-HEAVY = "(ray or online) and not apart"
-APART = "apart"
-LIGHT = "not (ray or online or apart)"
-# Without namespaces one lane takes every Ray test and the slow ones: several slow tests start an
-# exporter that would find a Ray cluster on this machine and read it (four failed that way beside it).
-HEAVY_SHARED = "ray or slow or online or apart"
+HEAVY = "ray or online"
+# Without namespaces the slow tests stay heavy too: several start an exporter that would find the heavy
+# lane's Ray cluster on this machine and read it (four failed that way beside it).
+HEAVY_SHARED = "ray or slow or online"
 LIGHT_NICENESS = 10
 NO_TESTS = 5  # pytest's exit status when a lane's selection is empty (a path with only light tests)
 # --kill-child: the namespace's first process, and so all of it, goes when this process does.
@@ -83,7 +76,7 @@ def prepare_namespaces() -> None:
     run(["umount", "--lazy", str(sysfs)])
     sysfs.rmdir()
     RAY_TEMP.mkdir(parents=True, exist_ok=True)
-    run(["mount", "-t", "tmpfs", "raypulse-lane", str(RAY_TEMP)])
+    run(["mount", "-t", "tmpfs", "raypulse-light-lane", str(RAY_TEMP)])
 
 
 def run(command: list[str]) -> None:
@@ -91,7 +84,7 @@ def run(command: list[str]) -> None:
 
 
 def first_process(command: list[str]) -> int:
-    """PID 1 of a lane in namespaces: run `command` and reap every process orphaned to it until it ends (a
+    """PID 1 of the light lane: run `command` and reap every process orphaned to it until it ends (a
     test's leftovers would otherwise stay zombies); its exit status is the command's."""
     prepare_namespaces()
     child = subprocess.Popen(command)
@@ -102,8 +95,7 @@ def first_process(command: list[str]) -> int:
 
 
 def namespaces() -> tuple[list[str], str]:
-    """The prefix that puts a lane in namespaces of its own (a fresh set each time it is used), or none and
-    why not."""
+    """The prefix that puts the light lane in namespaces of its own, or none and why not."""
     try:
         probe = subprocess.run([*NAMESPACES, sys.executable, "-c", "from scripts.test_lanes import prepare_namespaces;"
                                 " prepare_namespaces()"], capture_output=True, text=True, timeout=60)
@@ -114,62 +106,36 @@ def namespaces() -> tuple[list[str], str]:
     return [*NAMESPACES, sys.executable, "-m", "scripts.test_lanes", IN_NAMESPACES], ""
 
 
-@dataclass
-class Lane:
-    """One pytest session of `make test`: its name, its marks, whether it runs in namespaces of its own,
-    and whether it is niced (behind the Ray lanes, whose tests wait on their clusters' processes)."""
-
-    name: str
-    marks: str
-    isolated: bool
-    niced: bool = False
-
-
-def lanes(isolated: bool) -> list[Lane]:
-    """The lanes, printing first the one whose output is shown as it goes."""
-    if not isolated:
-        return [Lane("heavy", HEAVY_SHARED, False), Lane("light", f"not ({HEAVY_SHARED})", False, niced=True)]
-    return [Lane("heavy", HEAVY, False), Lane("apart", APART, True), Lane("light", LIGHT, True, niced=True)]
-
-
 def main(args: list[str]) -> int:
     prefix, why_not = namespaces()
+    heavy_marks = HEAVY_SHARED if why_not else HEAVY
     if why_not:
         print(f"test lanes: the light lane shares this machine's processes and network ({why_not}); the slow "
-              "and apart tests run in the heavy lane, and an exporter a light test starts may find its Ray "
-              "cluster", flush=True)
-    first, *others = lanes(not why_not)
+              "tests run in the heavy lane, and an exporter a light test starts may find its Ray cluster", flush=True)
     with tempfile.TemporaryDirectory(prefix="raypulse-lanes-") as temp:
-        reports = {lane.name: Path(temp) / f"{lane.name}.xml" for lane in (first, *others)}
-        logs = {lane.name: Path(temp) / f"{lane.name}.log" for lane in others}
-        started: dict[str, subprocess.Popen] = {}
-        statuses: dict[str, int] = {}
-        try:
-            for lane in others:
-                with logs[lane.name].open("wb") as out:
-                    started[lane.name] = subprocess.Popen(
-                        [*(prefix if lane.isolated else []),
-                         *pytest_command(lane.marks, args, f".pytest_cache/{lane.name}", reports[lane.name])],
-                        stdout=out, stderr=subprocess.STDOUT,
-                        preexec_fn=(lambda: os.nice(LIGHT_NICENESS)) if lane.niced else None)
-            statuses[first.name] = subprocess.Popen(pytest_command(first.marks, args, f".pytest_cache/{first.name}",
-                                                                   reports[first.name])).wait()
-            for name, process in started.items():
-                statuses[name] = process.wait()
-        finally:
-            for process in started.values():
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-        for lane in others:
-            print(f"\n=========================== the {lane.name} lane ===========================", flush=True)
-            sys.stdout.write(logs[lane.name].read_text(errors="replace"))
-        print(f"\n===================== the {SLOWEST} slowest tests of all lanes =====================")
-        for seconds, lane_name, test in slowest(reports):
-            print(f"{seconds:8.2f}s  {lane_name:5}  {test}")
+        log = Path(temp) / "light.log"
+        reports = {lane: Path(temp) / f"{lane}.xml" for lane in ("heavy", "light")}
+        with log.open("wb") as out:
+            # Niced: a Ray test waits on its cluster's processes, which come first; the light lane takes the rest.
+            light = subprocess.Popen([*prefix, *pytest_command(f"not ({heavy_marks})", args, ".pytest_cache/light",
+                                                               reports["light"])],
+                                     stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(LIGHT_NICENESS))
+            try:
+                heavy = subprocess.Popen(pytest_command(heavy_marks, args, ".pytest_cache/heavy",
+                                                        reports["heavy"])).wait()
+                light_status = light.wait()
+            finally:
+                if light.poll() is None:
+                    light.kill()
+                    light.wait()
+        print("\n=========================== the light lane ===========================", flush=True)
+        sys.stdout.write(log.read_text(errors="replace"))
+        print(f"\n===================== the {SLOWEST} slowest tests of both lanes =====================")
+        for seconds, lane, test in slowest(reports):
+            print(f"{seconds:8.2f}s  {lane:5}  {test}")
         sys.stdout.flush()
-    ran = [status for status in statuses.values() if status != NO_TESTS] or [NO_TESTS]
-    return next((status for status in ran if status != 0), 0)
+    statuses = [status for status in (heavy, light_status) if status != NO_TESTS] or [NO_TESTS]
+    return next((status for status in statuses if status != 0), 0)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,6 @@ def test_the_report_marks_late_and_missing_alerts():
 
 
 @pytest.mark.ray
-@pytest.mark.apart
 def test_quick_drill_raises_each_expected_alert_in_time_and_nothing_else(tmp_path):
     if stack.binaries() is None:
         pytest.fail("prometheus and prometheus-alertmanager are not installed (make system-deps)")

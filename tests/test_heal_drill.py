@@ -40,7 +40,6 @@ def test_the_report_holds_each_recovery_to_its_budget():
 
 
 @pytest.mark.ray
-@pytest.mark.apart
 @pytest.mark.timeout(900)
 def test_quick_drill_heals_each_fault_within_budget_and_leaves_a_healthy_run_alone(tmp_path: Path):
     results = tmp_path / "heal.json"

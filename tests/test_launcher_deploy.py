@@ -30,7 +30,7 @@ from tests.conftest import http_get, wait_until
 from tests.launcher_support import free_port_range, launcher, start_launcher, status_json
 from tests.ray_testcluster import RAY, RayCluster, RayNode, start_prometheus, stop_process
 
-pytestmark = [pytest.mark.ray, pytest.mark.apart, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 INTERVAL = 2.0  # the supervisor's round, seconds
 NODE_PORTS = 48  # Ray's ports per node: 7 fixed ones and 41 for its workers
 

@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import REPO, wait_until
 from tests.launcher_support import kept_cluster, launcher, start_launcher, status_json
 
-pytestmark = [pytest.mark.ray, pytest.mark.apart, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 FAST = ["--health-check-interval", "1", "--hang-after", "6"]
 # Reports five steps, then hangs (the driver stays alive: a stuck collective, say).

@@ -407,7 +407,6 @@ def gpu_users(cluster: dict[str, Any]) -> Iterator[None]:
 
 
 @pytest.mark.ray
-@pytest.mark.apart
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 @needs_chromium

@@ -77,7 +77,6 @@ def test_the_episode_limit_is_read_through_the_wrappers():
 
 
 @pytest.mark.ray
-@pytest.mark.apart
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_rl_drill_raises_each_rl_alert_in_time_on_real_rllib(tmp_path):

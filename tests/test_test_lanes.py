@@ -1,6 +1,5 @@
-"""`make test`'s lanes (scripts/test_lanes.py): a failure in any lane fails the run, the other lanes' output
-is shown after the heavy one's, and the slowest tests of all after that; the Ray lane apart and the light
-lane each see nothing of the heavy lane."""
+"""`make test`'s two lanes (scripts/test_lanes.py): a failure in either lane fails the run, the light
+lane's output is shown after the heavy one's, and the slowest tests of both after that."""
 
 from __future__ import annotations
 
@@ -29,14 +28,14 @@ def test_either_lane_failing_fails_the_run(tmp_path: Path, capfd: pytest.Capture
     tests.write_text(TESTS.format(heavy=heavy, light=light))
     assert test_lanes.main(["-q", "--rootdir", str(tmp_path), str(tests)]) == status
     out = capfd.readouterr().out
-    light_lane, slowest = out[out.index("=== the light lane ==="):].split("slowest tests of all lanes")
+    light_lane, slowest = out[out.index("=== the light lane ==="):].split("slowest tests of both lanes")
     assert ("1 passed" if light else "1 failed") in light_lane
     assert {tuple(line.split()[1:]) for line in slowest.splitlines()[1:] if line} == {
         ("heavy", "test_lanes_sample::test_heavy"), ("light", "test_lanes_sample::test_light")}
 
 
-# The heavy test listens on a port and waits for the light test and the apart one, which must not see it:
-# neither its process in /proc nor its port on loopback (and may take the same port itself).
+# The heavy test listens on a port and waits for the light test, which must not see it: neither its
+# process in /proc nor its port on loopback (and may take the same port itself).
 ISOLATED = """
 import os, socket, time
 from pathlib import Path
@@ -55,17 +54,8 @@ def test_heavy():
     server = socket.create_server(("127.0.0.1", 0))
     (SHARED / "heavy").write_text(f"{{os.getpid()}} {{server.getsockname()[1]}}")
     wait_for(SHARED / "light-done")
-    wait_for(SHARED / "apart-done")
-
-@pytest.mark.ray
-@pytest.mark.apart
-def test_apart():
-    isolated_from_the_heavy_lane("apart")
 
 def test_light():
-    isolated_from_the_heavy_lane("light")
-
-def isolated_from_the_heavy_lane(lane):
     wait_for(SHARED / "heavy")
     pid, port = (SHARED / "heavy").read_text().split()
     try:
@@ -79,22 +69,19 @@ def isolated_from_the_heavy_lane(lane):
         in_procfs = {{line.split(":")[0].strip() for line in Path("/proc/net/dev").read_text().splitlines()[2:]}}
         assert in_procfs == set(os.listdir("/sys/class/net")) and len(in_procfs) > 1
     finally:
-        (SHARED / f"{{lane}}-done").write_text("")
+        (SHARED / "light-done").write_text("")
 """
 
 
 @pytest.mark.skipif(bool(test_lanes.namespaces()[1]), reason="no namespaces for the light lane here (not root)")
-def test_the_light_and_apart_lanes_see_neither_the_heavy_lanes_processes_nor_its_ports(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str]):
+def test_the_light_lane_sees_neither_the_heavy_lanes_processes_nor_its_ports(tmp_path: Path,
+                                                                            capfd: pytest.CaptureFixture[str]):
     tests = tmp_path / "test_lanes_isolated.py"
     tests.write_text(ISOLATED.format(shared=str(tmp_path), heavy=test_lanes.HEAVY))
     status = test_lanes.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tests)])
     out = capfd.readouterr().out
     assert status == 0, out
     assert "shares this machine" not in out
-    apart_lane, light_lane = out.split("=== the apart lane ===")[1].split("=== the light lane ===")
-    assert "1 passed" in apart_lane
-    assert "1 passed" in light_lane.split("slowest tests")[0]
 
 
 def test_without_namespaces_the_slow_tests_stay_in_the_heavy_lane_and_it_is_said(
