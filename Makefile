@@ -38,9 +38,8 @@ system-deps:
 demo: install system-deps
 	flock /tmp/raypulse-ray.lock $(PY) -m scripts.demo $(ARGS)
 
-# Three lanes side by side (scripts/test_lanes.py): the tests marked ray or online one after another; the Ray
-# tests marked apart one after another in namespaces of their own (PID, mount, network); the rest, niced, in
-# namespaces of their own too (they never see a Ray cluster). Ends with the 20 slowest tests of all lanes.
+# The tests marked ray or online one after another, the rest beside them in namespaces of their own
+# (PID, mount, network: they never see the Ray clusters; scripts/test_lanes.py). Ends with the 20 slowest tests.
 test: install system-deps lint
 	$(PY) -m scripts.test_lanes
 
