@@ -27,6 +27,7 @@ from exporter.contract import wire
 from launcher.health import stacks
 from launcher.health.exporters import TargetSource
 from launcher.health.faults import Attempt, Fault, Progress
+from launcher.health.fleet import FleetReader
 from launcher.health.policy import FaultClass, HealthPolicy
 from launcher.health.remedy import NodeRemedy
 from launcher.health.watcher import Watcher
@@ -37,6 +38,7 @@ from launcher.state import AttemptRecord, RunRecord
 LOST_NODE_GRACE_S = 5.0  # after a failed attempt, how long a node's death may take to show
 PUBLISH_TIMEOUT_S = 1.0
 CHECK_TICK_S = 0.1  # how often the checks' thread looks whether one is due
+NAMED = 5  # nodes an event about many names
 
 
 def steps_lost(last_step: int | None, resumed_from: int | None, first_step: int | None) -> int | None:
@@ -62,7 +64,7 @@ class Healing:
     def __init__(self, policy: HealthPolicy, journal: Journal, targets: TargetSource,
                  remedy: NodeRemedy | None = None, dashboard: RayDashboard | None = None,
                  progress_url: str | None = None, local_processes: bool = False, blind_hint: str | None = None,
-                 no_remedy: str | None = None) -> None:
+                 no_remedy: str | None = None, fleet: FleetReader | None = None) -> None:
         self.policy = policy
         self.journal = journal
         self.record: RunRecord = journal.record  # type: ignore[assignment]
@@ -72,7 +74,7 @@ class Healing:
         self.local_processes = local_processes  # the job's processes run on this machine (a local cluster)
         self.blind_hint = blind_hint  # where to look when no exporter is found (the backend knows)
         self.no_remedy = no_remedy  # why a faulty node is left as it is, without a remedy (the backend knows)
-        self.watcher = Watcher(policy, targets, dead_nodes=remedy.dead_nodes if remedy else list)
+        self.watcher = Watcher(policy, targets, dead_nodes=remedy.dead_nodes if remedy else list, fleet=fleet)
         self.stopped_by: Fault | None = None  # the fault that stopped the current attempt
         self.pending: Pending | None = None
         self._resume_step: int | None = None  # what the attempt being submitted resumes from
@@ -232,10 +234,14 @@ class Healing:
         if not result.reads and not self._blind_said:
             self._blind_said = True
             self.journal.emit("health.blind", attempt=attempt.number, hint=self.blind_hint)
-        for node, error in result.unreachable:
-            self.journal.emit("health.exporter_unreachable", attempt=attempt.number, node=node, error=error)
-        for node in result.back:
-            self.journal.emit("health.exporter_back", attempt=attempt.number, node=node)
+        # One event per check for all the nodes it concerns: at 10,000 nodes a bad minute is one line.
+        if result.unreachable:
+            (node, error), *_ = result.unreachable
+            self.journal.emit("health.exporter_unreachable", attempt=attempt.number, node=node, error=error,
+                              count=len(result.unreachable), nodes=[name for name, _ in result.unreachable[:NAMED]])
+        if result.back:
+            self.journal.emit("health.exporter_back", attempt=attempt.number, node=result.back[0],
+                              count=len(result.back), nodes=result.back[:NAMED])
         self._note_progress(attempt.number, result.progress)
         for fault in result.faults:
             action = self.policy.action(fault.kind)

@@ -60,6 +60,23 @@ def _why_again(d: Details) -> str:
     return "failed" if not cause or cause == "failed" else f"stopped ({cause})"
 
 
+def _exporters_of(d: Details) -> str:
+    """`the exporter of workers-1`, or `the exporters of 1,230 nodes (workers-1, workers-2, ...)`."""
+    count = d.get("count", 1)
+    if count == 1:
+        return f"the exporter of {d['node']}"
+    more = ", ..." if count > len(d.get("nodes", ())) else ""
+    return f"the exporters of {count:,} nodes ({', '.join(d.get('nodes', ()))}{more})"
+
+
+def _unreachable(d: Details) -> str:
+    if d.get("count", 1) == 1:
+        return (f"the exporter of {d['node']} does not answer ({d['error']}); that node is not watched until it does "
+                "(never a reason to restart)")
+    return (f"{_exporters_of(d)} do not answer ({d['node']}: {d['error']}); those nodes are not watched until they do "
+            "(never a reason to restart)")
+
+
 def _killed(d: Details) -> str:
     return f"; {d['killed']} process(es) needed SIGKILL" if d.get("killed") else ""
 
@@ -96,9 +113,9 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     # the health watcher and what it does (launcher/healing.py)
     Kind("health.blind", level="warn", say=lambda d: "the watcher finds no exporter to read: this run's health is "
          "not watched (" + (d.get("hint") or "is an exporter on the head? `launcher exporters deploy`") + ")"),
-    Kind("health.exporter_unreachable", level="warn", say=lambda d: f"the exporter of {d['node']} does not answer "
-         f"({d['error']}); that node is not watched until it does (never a reason to restart)"),
-    Kind("health.exporter_back", say=lambda d: f"the exporter of {d['node']} answers again"),
+    Kind("health.exporter_unreachable", level="warn", say=_unreachable),
+    Kind("health.exporter_back", say=lambda d: f"{_exporters_of(d)} answer{'s' if d.get('count', 1) == 1 else ''} "
+         "again"),
     Kind("health.check_failed", level="warn", say=lambda d: f"a health check failed ({d['error']}); the next one "
          "runs as planned (said once until a check works again)"),
     Kind("health.check_slow", level="warn", say=lambda d: f"a health check took {d['seconds']:g}s, longer than "

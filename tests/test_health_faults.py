@@ -1,6 +1,7 @@
 """What a read of the exporters means for an attempt (launcher/health/faults.py), on expositions written
 the way the exporter writes them: hangs and silence by their thresholds, GPU faults by NVIDIA's action
-per XID, lost nodes by Ray's view, non-finite losses; an exporter that does not answer is never a hang.
+per XID, lost nodes by Ray's view, non-finite losses; an exporter that does not answer is never a hang,
+and never keeps the hang from being judged on the nodes that answered.
 """
 
 from __future__ import annotations
@@ -82,9 +83,16 @@ def test_a_job_that_reports_nothing_is_alive_while_any_process_writes_output():
     assert find(POLICY, reads, attempt(running=None), Baseline(), now=START + 9999) == []  # not running yet
 
 
-def test_an_exporter_that_does_not_answer_is_never_a_hang():
-    reads = [node("workers-1", ranks((0, START + 10, 5))), NodeRead(Target("workers-2", "http://x"), error="refused")]
-    assert find(POLICY, reads, attempt(), Baseline(), now=START + 10_000) == []
+def test_an_exporter_that_does_not_answer_is_never_a_hang_nor_keeps_one_from_being_judged_on_the_others():
+    blind = NodeRead(Target("workers-2", "http://x"), error="refused")
+    assert find(POLICY, [blind], attempt(), Baseline(), now=START + 10_000) == []  # nothing read: nothing judged
+    reads = [node("workers-1", ranks((0, START + 100, 5))), blind]
+    assert find(POLICY, reads, attempt(), Baseline(), now=START + 159) == []
+    [fault] = find(POLICY, reads, attempt(), Baseline(), now=START + 165)  # the ranks read stopped for 65 s
+    assert (fault.kind, fault.evidence["ranks"]) == (FaultClass.HANG, [0])
+    # No rank reports progress: silence is judged only on a whole view (the unread node's logs may be the live ones)
+    quiet = [node("workers-1", "raypulse_gpu_up{gpu=\"0\",uuid=\"GPU-a\"} 1\n"), blind]
+    assert find(POLICY, quiet, attempt(), Baseline(), now=START + 10_000) == []
 
 
 @pytest.mark.parametrize(("xid", "node_out"), [(79, True), (48, True), (64, True), (95, True), (94, False)])

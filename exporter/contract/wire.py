@@ -28,6 +28,13 @@ PROGRESS_PATH = "/v1/progress"
 SD_PATH = "/sd"  # Prometheus HTTP service discovery, on the head's exporter
 METRICS_PATH = "/metrics"
 HEALTH_PATH = "/healthz"
+# A node's health digest (exporter/contract/digest.py), and on the head every node's in one document:
+# ?since=CURSOR&generation=G asks only for the nodes whose entry changed since that answer.
+DIGEST_PATH = "/health/digest"
+FLEET_PATH = "/health/fleet"
+FLEET_SINCE_PARAM = "since"
+FLEET_GENERATION_PARAM = "generation"
+FLEET_INTERVAL_PARAM = "interval"  # how often the asker checks: the head reads the nodes as often (>= 1 s)
 
 # --- /metrics, only the families asked for ----------------------------------------------------------
 # GET /metrics?name[]=raypulse_gpu_up&name[]=raypulse_train_step serves those families only, as /metrics

@@ -7,6 +7,8 @@
     /          a landing page
     /sd        on the Ray head: Prometheus HTTP service discovery of every node's exporter (and
                node_exporter, when node_exporter.discover says so)
+    /health/digest  this node's health digest (exporter/serving/digest.py), ETag and 304 as /metrics
+    /health/fleet   on the Ray head: every node's digest, gathered by the head (exporter/serving/fleet.py)
 
 It also owns the training progress endpoint (a listener of its own, exporter/progress/endpoint.py)
 and the OTLP pusher. What the parts hand each other goes through `Shared` (exporter/framework/shared.py).
@@ -20,6 +22,7 @@ import asyncio
 import html
 import json
 import logging
+import math
 import os
 import signal
 import ssl
@@ -40,7 +43,9 @@ from exporter.framework.shared import Shared
 from exporter.plugins import enabled_collectors
 from exporter.progress.endpoint import ProgressEndpoint
 from exporter.serving import httplog
+from exporter.serving.digest import DigestCache
 from exporter.serving.exposition import Format, Publisher
+from exporter.serving.fleet import MIN_GATHER_INTERVAL_S, FleetGatherer, listing_of
 from exporter.serving.guard import Guard, GuardedTCPSite, runner_options
 from exporter.serving.nodeexporter_sd import node_exporter_groups
 
@@ -91,6 +96,8 @@ class Exporter:
         self.progress = ProgressEndpoint(config.progress, self.shared.progress, guard=self.guard,
                                          logger=httplog.LOGGER)
         self.publisher: Publisher | None = None
+        self.digests: DigestCache | None = None
+        self.fleet = FleetGatherer(self._fleet_listing)
         self.scheduler: Scheduler | None = None
         self._runner: web.AppRunner | None = None
         self._publisher_task: asyncio.Task[None] | None = None
@@ -115,11 +122,14 @@ class Exporter:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/", self._index)
         app.router.add_get(wire.SD_PATH, self._sd)
+        app.router.add_get(wire.DIGEST_PATH, self._digest)
+        app.router.add_get(wire.FLEET_PATH, self._fleet)
         return app
 
     async def start(self) -> None:
         scheduler = self.scheduler = Scheduler(self.collectors, self.config, on_change=self._changed)
         self.publisher = Publisher(scheduler.snapshots, scheduler.next_expiry)
+        self.digests = DigestCache(self.publisher)
         scheduler.self_reporters.append(self.guard.report)
         self._start_otlp(scheduler)
         await self.publisher.render_now()
@@ -155,6 +165,7 @@ class Exporter:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.fleet.close()
         if self._publisher_task is not None:
             self._publisher_task.cancel()
             await asyncio.gather(self._publisher_task, return_exceptions=True)
@@ -205,6 +216,49 @@ class Exporter:
             groups += node_exporter_groups(found.groups, settings.port, settings.job)
         return web.Response(text=json.dumps(groups), content_type="application/json",
                             headers={"Cache-Control": "no-store"})
+
+    async def _digest(self, request: web.Request) -> web.Response:
+        assert self.digests is not None
+        served = await self.digests.get()
+        headers = {"ETag": f'"{served.etag}"', "Cache-Control": "no-cache"}
+        if not_modified(request.if_none_match, served.etag):
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=served.body, content_type="application/json", headers=headers)
+
+    def _fleet_listing(self) -> list[tuple[str, str]] | None:
+        found = self.shared.service_discovery.get()
+        return listing_of(found.groups) if found is not None and found.role == "head" else None
+
+    async def _fleet(self, request: web.Request) -> web.Response:
+        """Every node's digest as the head last read them; ?since=CURSOR&generation=G: the changed ones."""
+        found = self.shared.service_discovery.get()
+        if found is None or found.role != "head":
+            role = found.role if found is not None else "not known yet"
+            return web.Response(status=404, text=f"this exporter's Ray role is {role}; {wire.FLEET_PATH} is "
+                                                 "served by the exporter on the Ray head node\n")
+        if self.web_config is not None:
+            return web.Response(status=404, text=f"{wire.FLEET_PATH} is not served under a web config (the head "
+                                                 f"would need the nodes' credentials): read each node's "
+                                                 f"{wire.DIGEST_PATH}\n")
+        since_text = request.query.get(wire.FLEET_SINCE_PARAM)
+        if since_text is not None and not (since_text.isdigit() and len(since_text) < 19):
+            return web.Response(status=400, text=f"{wire.FLEET_SINCE_PARAM}: a cursor is a whole number, as a "
+                                                 "document's `cursor` gave it\n")
+        try:
+            interval = float(request.query.get(wire.FLEET_INTERVAL_PARAM, self.fleet.interval))
+        except ValueError:
+            interval = math.nan
+        if not 0 < interval <= 3600:
+            return web.Response(status=400, text=f"{wire.FLEET_INTERVAL_PARAM}: seconds between checks, more than 0 "
+                                                 "and at most 3600\n")
+        self.fleet.interval = max(MIN_GATHER_INTERVAL_S, interval)
+        gzipped = gzip_accepted(request.headers.get("Accept-Encoding", ""))
+        body = await self.fleet.document(int(since_text) if since_text is not None else None,
+                                         request.query.get(wire.FLEET_GENERATION_PARAM), gzipped)
+        headers = {"Cache-Control": "no-store", "Vary": "Accept-Encoding"}
+        if gzipped:
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, content_type="application/json", headers=headers)
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

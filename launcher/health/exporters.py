@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from exporter.contract import wire
+from exporter.contract.digest import FAMILIES, NodeDigest, build
 from launcher import exposition
 from launcher.state import ExporterAccess
 
@@ -50,17 +51,8 @@ CHUNK_BYTES = 64 * 1024
 INFLATE_PIECE_BYTES = 2**20
 MAX_ETAG_CHARS = 200  # an exporter's ETag is a digest; a longer one is not kept (it is sent back)
 MAX_REASON_CHARS = 80  # of a status line's reason phrase, which ends up in the journal
-# The families the watcher reads; every other line of /metrics is skipped before parsing.
-FAMILIES = (
-    "raypulse_train_step", "raypulse_train_last_progress_time_seconds", "raypulse_train_nonfinite_values_total",
-    "raypulse_train_first_step", "raypulse_train_first_progress_time_seconds",
-    "raypulse_rl_last_iteration_time_seconds", "raypulse_rl_iteration",
-    "raypulse_train_checkpoint_step", "raypulse_train_last_checkpoint_time_seconds",
-    "raypulse_job_output_last_write_time_seconds", "raypulse_job_driver_log_last_write_time_seconds",
-    "raypulse_job_processes", "raypulse_gpu_xid_last_timestamp_seconds", "raypulse_gpu_up",
-    "raypulse_gpu_ecc_errors_total", "raypulse_gpu_row_remap_failed", "raypulse_gpu_recovery_action",
-    "raypulse_ray_node_alive", "raypulse_ray_node_info",
-)
+# The watcher reads the families a node's digest is made of (FAMILIES); every other line of /metrics
+# is skipped before parsing.
 _WATCHED = exposition.keeping(FAMILIES)
 # A sample name's family, for reading changed lines alone: the catalog's, the same on every exporter.
 _FAMILY_OF: dict[str, exposition.Family] = {}
@@ -105,12 +97,19 @@ class Target:
 
 @dataclass
 class NodeRead:
-    """One exporter's answer (or why there was none)."""
+    """One exporter's answer (or why there was none): its digest, which faults are judged from, made
+    here from the samples of a direct read, or as the head's fleet document gave it."""
 
     target: Target
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)  # a direct read's (none from the fleet document)
     error: str | None = None
-    not_modified: bool = False  # a 304: the samples are the last answer's
+    not_modified: bool = False  # a 304 (or an entry unchanged in the fleet document): as last time
+    digest: NodeDigest | None = None
+    answered_before: bool = False  # the head says it answered once (an exporter never read may be starting)
+
+    def __post_init__(self) -> None:
+        if self.digest is None and self.error is None:
+            self.digest = build((sample.name, sample.labels, sample.value) for sample in self.samples)
 
     @property
     def ok(self) -> bool:
@@ -122,7 +121,7 @@ class NodeRead:
     @property
     def ray_node_ids(self) -> set[str]:
         """The Ray nodes this exporter watches."""
-        return {s.labels.get("node_id", "") for s in self.select("raypulse_ray_node_info")} - {""}
+        return set(self.digest.ray_node_ids) if self.digest is not None else set()
 
 
 def parse(text: str) -> list[Sample]:
@@ -429,14 +428,15 @@ def read(target: Target, timeout: float = READ_TIMEOUT_S, known: Known | None = 
         known.pop(target.url, None)
         return NodeRead(target, error=str(exc))
     if answer.body is None and last is not None:
-        return NodeRead(target, last.samples, not_modified=True)
+        return NodeRead(target, last.samples, not_modified=True, digest=last.digest)
     try:
         samples, keys = _samples(answer.body.decode(errors="replace") if answer.body is not None else "", last)
     except Exception as exc:  # noqa: BLE001 - as above
         known.pop(target.url, None)
         return NodeRead(target, error=f"an exposition that does not parse ({_why(exc)})")
-    known[target.url] = Last(answer.etag, samples, keys)  # without an ETag: no 304s, but changed lines only
-    return NodeRead(target, samples)
+    node = NodeRead(target, samples)
+    known[target.url] = Last(answer.etag, samples, keys, node.digest)  # no ETag: no 304s, but changed lines only
+    return node
 
 
 @dataclass
@@ -446,6 +446,7 @@ class Last:
     etag: str | None
     samples: list[Sample]
     keys: array  # a hash of each sample line, in order
+    digest: NodeDigest | None = None
 
 
 Known = dict[str, Last]  # by target URL

@@ -10,13 +10,13 @@ action the driver asks for take the node out too.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from alerts.config import CRITICAL_XIDS
+from exporter.contract.digest import JobDigest
 from launcher.health.exporters import NodeRead
 from launcher.health.policy import FaultClass, HealthPolicy
 
@@ -24,7 +24,6 @@ XID_RESTART_IN_PLACE = frozenset({94})
 XID_NOT_A_FAULT = frozenset({63})
 XID_NODE_OUT = frozenset(CRITICAL_XIDS) - XID_RESTART_IN_PLACE - XID_NOT_A_FAULT
 RECOVERY_ACTIONS = {1: "GPU reset", 2: "node reboot", 3: "drain peer-to-peer", 4: "drain and reset"}
-UNCORRECTED = ("uncorrected", "double_bit")  # the ECC error types that are double-bit
 
 
 @dataclass(frozen=True)
@@ -51,37 +50,35 @@ class Attempt:
 
 @dataclass
 class Baseline:
-    """Counters as the attempt's first read found them (XID and ECC counts live since the exporter
-    started; only what grows during the attempt is the attempt's)."""
+    """Counters as the attempt's first read of each node found them (XID and ECC counts live since the
+    exporter started; only what grows during the attempt is the attempt's), and the Ray nodes alive
+    when the head's view was first read."""
 
     ecc: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, uuid) -> uncorrected errors
     alive_nodes: dict[str, str] = field(default_factory=dict)  # Ray node id -> node name, alive at the start
-    taken: bool = False
+    nodes: set[str] = field(default_factory=set)  # the nodes whose counters are taken
+    taken: bool = False  # the Ray nodes alive are taken
 
     def take(self, reads: Iterable[NodeRead], retired: Collection[str] = ()) -> None:
-        names = {}
-        for read in reads:
-            if not read.ok:
-                continue
-            for node_id in read.ray_node_ids:
-                names[node_id] = read.target.node
-            for key, value in _uncorrected(read).items():
-                self.ecc[key] = value
-        for read in reads:
-            for sample in read.select("raypulse_ray_node_alive"):
-                node_id = sample.labels.get("node_id", "")
-                if sample.value == 1 and node_id and node_id not in retired:
-                    self.alive_nodes[node_id] = names.get(node_id, sample.labels.get("node_ip") or node_id[:12])
+        """What the reads show of nodes not taken yet (a node unread at the attempt's start is taken at
+        its first read: its counters then are not the attempt's)."""
+        usable = [read for read in reads if read.digest is not None]
+        for read in usable:
+            if read.target.node not in self.nodes:
+                self.nodes.add(read.target.node)
+                for uuid, value in read.digest.ecc_uncorrected.items():
+                    self.ecc[(read.target.node, uuid)] = value
+        if self.taken:
+            return
+        views = [read.digest.ray_nodes for read in usable if read.digest.ray_nodes]
+        if not views:
+            return
+        names = {node_id: read.target.node for read in usable for node_id in read.digest.ray_node_ids}
+        for view in views:
+            for node_id, (alive, ip) in view.items():
+                if alive and node_id not in retired:
+                    self.alive_nodes[node_id] = names.get(node_id, ip or node_id[:12])
         self.taken = True
-
-
-def _uncorrected(read: NodeRead) -> dict[tuple[str, str], float]:
-    totals: dict[tuple[str, str], float] = {}
-    for sample in read.select("raypulse_gpu_ecc_errors_total"):
-        if sample.labels.get("type") in UNCORRECTED:
-            key = (read.target.node, sample.labels.get("uuid", ""))
-            totals[key] = totals.get(key, 0.0) + sample.value
-    return totals
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
@@ -123,75 +120,54 @@ class Progress:
         return min(step for _, step in made), min(at for at, _ in made)
 
 
-def _whole(text: str | float | None) -> int | None:
-    """A label or a value as a whole number; None for what is not one (an exporter is foreign input:
-    a rank "x" or a step NaN is left out, never an exception in the watcher)."""
-    try:
-        number = float(text) if text is not None else math.nan
-    except ValueError:
-        return None
-    return int(number) if math.isfinite(number) else None
-
-
 def progress(reads: Iterable[NodeRead], submission_id: str) -> Progress:
+    """The attempt's progress over every node read (as each node's digest reduced its ranks)."""
     last: dict[int, float] = {}
     steps: dict[int, int] = {}
-    iterations: dict[int, int] = {}
     nonfinite: dict[int, float] = {}
     checkpoint: int | None = None
     first_step: dict[int, int] = {}
     first_report: dict[int, float] = {}
+    for job in _jobs(reads, submission_id):
+        for rank, at in job.reported.items():
+            last[rank] = max(last.get(rank, at), at)
+        for rank, step in job.steps.items():
+            steps[rank] = max(steps.get(rank, step), step)
+        for rank, step in job.first_step.items():
+            first_step[rank] = min(first_step.get(rank, step), step)
+        for rank, at in job.first_at.items():
+            first_report[rank] = min(first_report.get(rank, at), at)
+        for rank, count in job.nonfinite.items():
+            nonfinite[rank] = nonfinite.get(rank, 0.0) + count
+        if job.checkpoint_step is not None:
+            checkpoint = max(checkpoint or 0, job.checkpoint_step)
+    return Progress(last, steps, nonfinite, checkpoint, first_step, first_report)
+
+
+def _jobs(reads: Iterable[NodeRead], submission_id: str) -> Iterator[JobDigest]:
     for read in reads:
-        # A training step and an RL iteration (a loop that reports only progress.report_iteration) are
-        # both progress.
-        for name in ("raypulse_train_last_progress_time_seconds", "raypulse_rl_last_iteration_time_seconds"):
-            for sample in read.select(name, submission_id=submission_id):
-                rank = _whole(sample.labels.get("rank", "0"))
-                if rank is not None and math.isfinite(sample.value):
-                    last[rank] = max(last.get(rank, 0.0), sample.value)
-        for name, into in (("raypulse_train_step", steps), ("raypulse_rl_iteration", iterations)):
-            for sample in read.select(name, submission_id=submission_id):
-                rank, value = _whole(sample.labels.get("rank", "0")), _whole(sample.value)
-                if rank is not None and value is not None:
-                    into[rank] = max(into.get(rank, 0), value)
-        for sample in read.select("raypulse_train_first_step", submission_id=submission_id):
-            rank, value = _whole(sample.labels.get("rank", "0")), _whole(sample.value)
-            if rank is not None and value is not None:
-                first_step[rank] = min(first_step.get(rank, value), value)
-        for sample in read.select("raypulse_train_first_progress_time_seconds", submission_id=submission_id):
-            rank = _whole(sample.labels.get("rank", "0"))
-            if rank is not None and math.isfinite(sample.value):
-                first_report[rank] = min(first_report.get(rank, sample.value), sample.value)
-        for sample in read.select("raypulse_train_nonfinite_values_total", submission_id=submission_id, field="loss"):
-            rank = _whole(sample.labels.get("rank", "0"))
-            if rank is not None and math.isfinite(sample.value):
-                nonfinite[rank] = nonfinite.get(rank, 0.0) + sample.value
-        for sample in read.select("raypulse_train_checkpoint_step", submission_id=submission_id):
-            value = _whole(sample.value)
-            if value is not None:
-                checkpoint = max(checkpoint or 0, value)
-    # A rank that reports RL iterations but no training steps: its iteration is its step.
-    return Progress(last, {**iterations, **steps}, nonfinite, checkpoint, first_step, first_report)
+        job = read.digest.jobs.get(submission_id) if read.digest is not None else None
+        if job is not None:
+            yield job
 
 
 def last_output(reads: Iterable[NodeRead], submission_id: str) -> float | None:
     """The newest write to any log of the job's processes (driver and workers), over every node."""
-    times = [sample.value for read in reads for name in ("raypulse_job_output_last_write_time_seconds",
-                                                        "raypulse_job_driver_log_last_write_time_seconds")
-             for sample in read.select(name, submission_id=submission_id)]
-    return max(times, default=None)
+    return max((job.output_at for job in _jobs(reads, submission_id) if job.output_at is not None), default=None)
 
 
 def job_nodes(reads: Iterable[NodeRead], submission_id: str) -> set[str]:
     """The nodes where the job has processes now (empty while no exporter has mapped them)."""
     return {read.target.node for read in reads
-            if any(s.value > 0 for s in read.select("raypulse_job_processes", submission_id=submission_id))}
+            if read.digest is not None and (job := read.digest.jobs.get(submission_id)) is not None and job.processes}
 
 
 def find(policy: HealthPolicy, reads: list[NodeRead], attempt: Attempt, baseline: Baseline, now: float,
          dead_nodes: Iterable[str] = ()) -> list[Fault]:
-    """Every fault this read shows, most serious first: lost nodes, GPU faults, non-finite losses, a hang."""
-    usable = [read for read in reads if read.ok]
+    """Every fault this read shows, most serious first: lost nodes, GPU faults, non-finite losses, a hang.
+    A node that was not read is judged by none of them: the hang is judged on the nodes that answered
+    (the watcher reports the others as unreachable), and only when some did."""
+    usable = [read for read in reads if read.digest is not None]
     seen = progress(usable, attempt.submission_id)
     faults = [*_lost_nodes(usable, baseline, set(dead_nodes), now, seen.newest_step)]
     nodes = job_nodes(usable, attempt.submission_id)
@@ -199,11 +175,9 @@ def find(policy: HealthPolicy, reads: list[NodeRead], attempt: Attempt, baseline
         if not nodes or read.target.node in nodes:
             faults += _gpu_faults(read, attempt, baseline, now, seen.newest_step)
     faults += _nonfinite(seen, attempt, now)
-    # A hang is judged only on a whole view: an exporter that does not answer is news, never a hang.
-    if len(usable) == len(reads) and reads:
-        hang = _hang(policy, usable, seen, attempt, now)
-        if hang is not None:
-            faults.append(hang)
+    hang = _hang(policy, usable, seen, attempt, now, whole=len(usable) == len(reads)) if usable else None
+    if hang is not None:
+        faults.append(hang)
     return faults
 
 
@@ -214,10 +188,9 @@ def _lost_nodes(reads: list[NodeRead], baseline: Baseline, dead: set[str], now: 
         faults.append(Fault(FaultClass.NODE_LOST, f"node lost ({name}: its Ray node process exited)", now,
                             f"node_lost:{name}", name, True, step, {"node": name}))
     for read in reads:
-        for sample in read.select("raypulse_ray_node_alive"):
-            node_id = sample.labels.get("node_id", "")
+        for node_id, (alive, _) in read.digest.ray_nodes.items():
             name = baseline.alive_nodes.get(node_id)
-            if sample.value == 0 and name is not None and name not in dead:
+            if not alive and name is not None and name not in dead:
                 faults.append(Fault(FaultClass.NODE_LOST, f"node lost ({name}: Ray declared node {node_id[:12]} "
                                     "dead)", now, f"node_lost:{name}", name, True, step,
                                     {"node": name, "node_id": node_id}))
@@ -226,9 +199,10 @@ def _lost_nodes(reads: list[NodeRead], baseline: Baseline, dead: set[str], now: 
 
 def _gpu_faults(read: NodeRead, attempt: Attempt, baseline: Baseline, now: float, step: int | None) -> list[Fault]:
     node = read.target.node
+    seen = read.digest
     faults = []
 
-    where = {"node": node, "ray_node_ids": sorted(read.ray_node_ids), "host": _host(read.target.url)}
+    where = {"node": node, "ray_node_ids": list(seen.ray_node_ids), "host": _host(read.target.url)}
     if read.target.pod:  # a KubeRay sidecar's: `node` is the pod's Kubernetes node (spec.nodeName)
         where.update(pod=read.target.pod, node_is="the pod's spec.nodeName")
 
@@ -236,27 +210,21 @@ def _gpu_faults(read: NodeRead, attempt: Attempt, baseline: Baseline, now: float
         faults.append(Fault(FaultClass.GPU_FAULT, f"GPU fault ({what} on {node})", at, f"gpu:{node}:{key}", node,
                             node_out, step, {**where, **evidence}))
 
-    for sample in read.select("raypulse_gpu_xid_last_timestamp_seconds"):
-        xid, gpu = _whole(sample.labels.get("xid", "0")), sample.labels.get("gpu", "?")
-        if xid is not None and sample.value >= attempt.started_at and xid not in XID_NOT_A_FAULT and \
-                (xid in XID_NODE_OUT or xid in XID_RESTART_IN_PLACE):
-            fault(f"XID {xid} on GPU {gpu}", f"xid{xid}:{gpu}:{sample.value:.0f}", sample.value,
-                  node_out=xid in XID_NODE_OUT, xid=xid, gpu=gpu, uuid=sample.labels.get("uuid", ""))
-    for sample in read.select("raypulse_gpu_up"):
-        if sample.value == 0:
-            gpu = sample.labels.get("gpu", "?")
-            fault(f"GPU {gpu} lost", f"lost:{sample.labels.get('uuid', gpu)}", now, gpu=gpu)
-    for sample in read.select("raypulse_gpu_row_remap_failed"):
-        if sample.value == 1:
-            fault(f"row remapping failed on GPU {sample.labels.get('gpu', '?')}",
-                  f"remap:{sample.labels.get('uuid', '')}", now, gpu=sample.labels.get("gpu", "?"))
-    for sample in read.select("raypulse_gpu_recovery_action"):
-        action = _whole(sample.value)
+    for xid, gpu, uuid, at in seen.xids:
+        if at >= attempt.started_at and xid not in XID_NOT_A_FAULT and (xid in XID_NODE_OUT or
+                                                                          xid in XID_RESTART_IN_PLACE):
+            fault(f"XID {xid} on GPU {gpu}", f"xid{xid}:{gpu}:{at:.0f}", at, node_out=xid in XID_NODE_OUT, xid=xid,
+                  gpu=gpu, uuid=uuid)
+    for gpu, uuid in seen.gpus_lost:
+        fault(f"GPU {gpu} lost", f"lost:{uuid or gpu}", now, gpu=gpu)
+    for gpu, uuid in seen.remap_failed:
+        fault(f"row remapping failed on GPU {gpu}", f"remap:{uuid}", now, gpu=gpu)
+    for gpu, uuid, action in seen.recovery:
         if action in RECOVERY_ACTIONS:
-            fault(f"the driver asks for a {RECOVERY_ACTIONS[action]} of GPU {sample.labels.get('gpu', '?')}",
-                  f"recovery:{sample.labels.get('uuid', '')}:{action}", now, recovery_action=action)
-    for (name, uuid), count in _uncorrected(read).items():
-        before = baseline.ecc.get((name, uuid), 0.0)
+            fault(f"the driver asks for a {RECOVERY_ACTIONS[action]} of GPU {gpu}", f"recovery:{uuid}:{action}", now,
+                  recovery_action=action)
+    for uuid, count in seen.ecc_uncorrected.items():
+        before = baseline.ecc.get((node, uuid), 0.0)
         if count > before:
             fault(f"{count - before:.0f} double-bit ECC error(s) on GPU {uuid}", f"ecc:{uuid}:{count:.0f}", now,
                   uuid=uuid)
@@ -278,7 +246,10 @@ def _nonfinite(seen: Progress, attempt: Attempt, now: float) -> list[Fault]:
                   {"ranks": bad})]
 
 
-def _hang(policy: HealthPolicy, reads: list[NodeRead], seen: Progress, attempt: Attempt, now: float) -> Fault | None:
+def _hang(policy: HealthPolicy, reads: list[NodeRead], seen: Progress, attempt: Attempt, now: float,
+          whole: bool) -> Fault | None:
+    """No rank of the nodes read advanced for the threshold; when no rank reports progress, no output
+    for the silence threshold, judged only on a whole view (the silent logs may be the unread nodes')."""
     reporting = {rank: at for rank, at in seen.last_report.items() if at >= attempt.started_at}
     if reporting:
         newest = max(reporting.values())
@@ -290,8 +261,8 @@ def _hang(policy: HealthPolicy, reads: list[NodeRead], seen: Progress, attempt: 
                      f"{step})", newest, f"hang:{attempt.number}", None, False, step,
                      {"quiet_seconds": round(quiet, 1), "ranks": sorted(reporting), "threshold":
                       policy.hang_after_seconds})
-    if attempt.running_at is None:
-        return None  # not running yet: the pre-running deadline's business
+    if attempt.running_at is None or not whole:
+        return None  # not running yet (the pre-running deadline's business), or not every node was read
     output = last_output(reads, attempt.submission_id)
     since = max(output or 0.0, attempt.running_at)
     quiet = now - since

@@ -2,8 +2,14 @@
 what is new since the last check (a fault is reported once; an exporter that stops answering is
 news, and so is its return). It decides nothing about actions: the run does, by its policy.
 
-A check reads only the watched families (exporters.FAMILIES_PATH), If-None-Match the ETag each
-exporter gave last: an unchanged node is a 304 whose samples are the last ones kept here.
+A check reads one document when the head serves it: every node's health digest as the head
+gathered them, only the entries changed since the last check (launcher/health/fleet.py). Otherwise
+it reads each exporter itself, only the watched families (exporters.FAMILIES_PATH), If-None-Match
+the ETag each gave last: an unchanged node is a 304 whose digest is the last one kept here.
+
+A node that was never read and refuses connections is starting (its exporter starts with the
+attempt): it is unreachable only after STARTING_GRACE_S. A node that is not read is judged by no
+rule, and never stops a rule for the others (faults.find).
 """
 
 from __future__ import annotations
@@ -12,10 +18,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from exporter.contract.digest import NOT_READ_YET, REFUSED
 from launcher.health import faults as found
 from launcher.health.exporters import READ_TIMEOUT_S, Known, NodeRead, TargetSource, read_all
 from launcher.health.faults import Attempt, Baseline, Fault, Progress
+from launcher.health.fleet import FleetReader
 from launcher.health.policy import HealthPolicy
+
+STARTING_GRACE_S = 60.0
 
 
 @dataclass
@@ -28,6 +38,7 @@ class Check:
     progress: Progress | None = None
     reads: list[NodeRead] = field(default_factory=list)
     seconds: float = 0.0  # the check's wall time, from the targets' listing to its last finding
+    via_fleet: bool = False  # read from the head's fleet document (else each exporter was read)
 
     @property
     def not_modified(self) -> int:
@@ -38,9 +49,10 @@ class Check:
 class Watcher:
     def __init__(self, policy: HealthPolicy, targets: TargetSource,
                  dead_nodes: Callable[[], list[str]] = list, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, fleet: FleetReader | None = None) -> None:
         self.policy = policy
         self._targets = targets
+        self.fleet = fleet
         self._dead_nodes = dead_nodes
         self._clock = clock
         self._monotonic = monotonic
@@ -49,6 +61,8 @@ class Watcher:
         self._retired: set[str] = set()  # Ray node ids of nodes taken out: their death is old news
         self._reported: set[str] = set()
         self._unreachable: dict[str, str] = {}
+        self._answered: set[str] = set()  # nodes read at least once (their exporter is up: not starting)
+        self._listed_at: dict[str, float] = {}  # when each node was first listed (monotonic)
         self._next_check = 0.0
         self._known: Known = {}  # each exporter's last ETag and samples: an unchanged one answers 304
         self.read_timeout = READ_TIMEOUT_S  # one deadline for all of a check's reads
@@ -73,26 +87,21 @@ class Watcher:
         return self.attempt is not None and self._monotonic() >= self._next_check
 
     def check(self) -> Check:
-        """Read every exporter once; what is new. Call when due()."""
+        """Read every exporter once (or the head's document of them all); what is new. Call when due()."""
         assert self.attempt is not None
         began = time.monotonic()
         self._next_check = self._monotonic() + self.policy.check_interval_seconds
-        targets = self._targets()
-        listed = {target.url for target in targets}
-        for url in [url for url in self._known if url not in listed]:  # nodes gone from /sd: forgotten
-            del self._known[url]
-        reads = read_all(targets, self._known, self.read_timeout)
-        result = Check(reads=reads)
-        for read in reads:
-            name = read.target.node
-            if not read.ok and name not in self._unreachable:
-                self._unreachable[name] = read.error or "no answer"
-                result.unreachable.append((name, read.error or "no answer"))
-            elif read.ok and name in self._unreachable:
-                del self._unreachable[name]
-                result.back.append(name)
-        if not self._baseline.taken and reads and all(read.ok for read in reads):
-            self._baseline.take(reads, self._retired)
+        reads = self.fleet.read(self.read_timeout, self.policy.check_interval_seconds) if self.fleet else None
+        result = Check(via_fleet=reads is not None)
+        if reads is None:
+            targets = self._targets()
+            listed = {target.url for target in targets}
+            for url in [url for url in self._known if url not in listed]:  # nodes gone from /sd: forgotten
+                del self._known[url]
+            reads = read_all(targets, self._known, self.read_timeout)
+        result.reads = reads
+        self._note_reachability(reads, result)
+        self._baseline.take(reads, self._retired)
         now = self._clock()
         for fault in found.find(self.policy, reads, self.attempt, self._baseline, now, self._dead_nodes()):
             if fault.key not in self._reported:
@@ -102,3 +111,31 @@ class Watcher:
         result.seconds = time.monotonic() - began
         self.last = result
         return result
+
+    def _note_reachability(self, reads: list[NodeRead], result: Check) -> None:
+        """Nodes that stop answering, and those that answer again; one starting is neither."""
+        now = self._monotonic()
+        listed = set()
+        for read in reads:
+            name = read.target.node
+            listed.add(name)
+            first = self._listed_at.setdefault(name, now)
+            if read.ok:
+                self._answered.add(name)
+                if self._unreachable.pop(name, None) is not None:
+                    result.back.append(name)
+                continue
+            if name in self._unreachable:
+                continue
+            error = read.error or "no answer"
+            starting = name not in self._answered and not read.answered_before and \
+                (error.startswith(REFUSED) or error == NOT_READ_YET)
+            if starting and now - first < STARTING_GRACE_S:
+                continue
+            self._unreachable[name] = error
+            result.unreachable.append((name, error))
+        if len(self._listed_at) > len(listed):  # nodes no longer listed are forgotten: bounded by the nodes
+            for name in [name for name in self._listed_at if name not in listed]:
+                self._listed_at.pop(name)
+                self._answered.discard(name)
+                self._unreachable.pop(name, None)

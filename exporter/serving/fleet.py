@@ -1,0 +1,225 @@
+"""On the Ray head: every node's health digest in one document (wire.FLEET_PATH), so that a launcher
+watching a run of thousands of nodes reads one answer per check, not one per node.
+
+The head's exporter gathers the digest (exporter/contract/digest.py) of every node its /sd lists, a
+round every `interval` seconds while someone asks (a gatherer nobody read for IDLE_STOP_S stops until
+asked again). Each read is conditional (an unchanged node is a 304), bounded (MAX_PARALLEL reads at
+once, a deadline per node that never holds up the others, a cap on a digest's bytes, one budget for
+all of them kept) and strictly parsed: a node is foreign input, and one that cannot be read is an
+entry saying why, never a missing one.
+
+Each node's entry carries the round it last changed in; `?since=CURSOR` answers only the entries
+changed after that cursor (the whole list when the nodes listed changed since, or the cursor is of
+another process or unknown). Documents are joined and compressed off the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from exporter.contract import digest, wire
+
+log = logging.getLogger(__name__)
+
+GATHER_INTERVAL_S = 10.0  # the launcher's default check interval: a round per check (an asker may say its own)
+MIN_GATHER_INTERVAL_S = 1.0
+READ_TIMEOUT_S = 2.0  # per node, from when its read starts (not while it waits for a slot)
+MAX_PARALLEL = 64  # reads (and sockets) at once, however many nodes /sd lists
+IDLE_STOP_S = 300.0
+FIRST_ROUND_WAIT_S = 2.5  # a first ask waits this long for the first round (a launcher's read deadline is 3 s)
+MAX_FLEET_BYTES = 64 * 2**20  # every digest kept, together: a node past it is an entry that says so
+MAX_ERROR_CHARS = 160
+
+Listing = Callable[[], list[tuple[str, str]] | None]  # (node, host:port) of every node's exporter; None: unknown
+
+
+@dataclass
+class _Node:
+    name: str
+    target: str
+    rev: int  # the round its entry last changed in
+    etag: str | None = None
+    body: bytes | None = None  # its last digest, as it sent it (parsed, strict, before it was kept)
+    error: str | None = digest.NOT_READ_YET
+    answered: bool = False
+    entry: bytes = field(default=b"", repr=False)  # its entry in a document, made when it changes
+
+    def render(self) -> None:
+        head = {"node": self.name, "target": self.target, "error": self.error, "answered": self.answered}
+        text = json.dumps(head, separators=(",", ":"))
+        self.entry = (text[:-1] + ',"digest":').encode() + (self.body or b"null") + b"}"
+
+
+class FleetGatherer:
+    def __init__(self, listing: Listing, interval: float = GATHER_INTERVAL_S, timeout: float = READ_TIMEOUT_S,
+                 max_parallel: int = MAX_PARALLEL, clock: Callable[[], float] = time.time) -> None:
+        self._listing = listing
+        self.interval = interval
+        self.timeout = timeout
+        self._slots = asyncio.Semaphore(max_parallel)
+        self._max_parallel = max_parallel
+        self._clock = clock
+        self.generation = secrets.token_hex(6)
+        self.round = 0
+        self.read_at: float | None = None
+        self._nodes: dict[str, _Node] = {}  # by target
+        self._listed_rev = 0  # the round the nodes listed last changed in
+        self._kept_bytes = 0
+        self._asked_at = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._first_round = asyncio.Event()
+        self.rounds_seconds: float | None = None  # the last round's wall time
+
+    # --- serving -------------------------------------------------------------------------------------
+
+    async def document(self, since: int | None, generation: str | None, gzipped: bool) -> bytes:
+        """The fleet document for a reader whose last answer had `since` as its cursor; starts the rounds."""
+        loop = asyncio.get_running_loop()
+        self._asked_at = loop.time()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="fleet-gatherer")
+        if not self._first_round.is_set():
+            try:
+                async with asyncio.timeout(FIRST_ROUND_WAIT_S):
+                    await self._first_round.wait()
+            except TimeoutError:
+                pass  # what is read so far; the rest say they are not read yet
+        full = since is None or generation != self.generation or since < self._listed_rev or since > self.round
+        entries = [node.entry for node in self._nodes.values() if full or node.rev > since]  # type: ignore[operator]
+        head = {"v": digest.VERSION, "generation": self.generation, "cursor": self.round, "full": full,
+                "listed": len(self._nodes), "read_at": self.read_at}
+        return await asyncio.to_thread(_join, head, entries, gzipped)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    # --- gathering -----------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        connector = aiohttp.TCPConnector(limit=self._max_parallel, force_close=True)  # sockets: MAX_PARALLEL
+        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+            while loop.time() - self._asked_at < IDLE_STOP_S:
+                began = loop.time()
+                try:
+                    await self._round(session)
+                except Exception:  # a round that fails is logged; the next one tries again
+                    log.exception("a round of reading the nodes' health digests failed")
+                self.rounds_seconds = loop.time() - began
+                self._first_round.set()
+                await asyncio.sleep(max(0.0, self.interval - (loop.time() - began)))
+
+    async def _round(self, session: aiohttp.ClientSession) -> None:
+        listed = self._listing()
+        self.round += 1
+        if listed is not None:
+            self._relist(dict((target, name) for name, target in listed))
+        await asyncio.gather(*(self._read(session, node) for node in list(self._nodes.values())))
+        self.read_at = self._clock()
+
+    def _relist(self, listed: Mapping[str, str]) -> None:
+        changed = False
+        for target in [target for target in self._nodes if target not in listed]:
+            self._forget(self._nodes.pop(target))
+            changed = True
+        for target, name in listed.items():
+            node = self._nodes.get(target)
+            if node is None or node.name != name:
+                if node is not None:
+                    self._forget(node)
+                node = self._nodes[target] = _Node(name, target, self.round)
+                node.render()
+                changed = True
+        if changed:
+            self._listed_rev = self.round
+
+    def _forget(self, node: _Node) -> None:
+        self._kept_bytes -= len(node.body or b"")
+
+    async def _read(self, session: aiohttp.ClientSession, node: _Node) -> None:
+        async with self._slots:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    body, etag, error = await _get(session, node)
+            except TimeoutError:
+                body, etag, error = None, None, f"no answer within {self.timeout:g}s"
+        if error is None and body is not None and body != node.body and \
+                self._kept_bytes - len(node.body or b"") + len(body) > MAX_FLEET_BYTES:
+            body, error = None, f"the head keeps at most {MAX_FLEET_BYTES} bytes of digests"
+        self._update(node, body, etag, error)
+
+    def _update(self, node: _Node, body: bytes | None, etag: str | None, error: str | None) -> None:
+        """A read's outcome into the node's entry: a new body (None: the same), or an error."""
+        answered = node.answered or error is None
+        if error is not None:
+            body, etag = None, None  # what it served last is no longer what it serves
+        elif body is None:
+            body = node.body  # a 304
+        if (body, error, answered) == (node.body, node.error, node.answered):
+            node.etag = etag if error is None else None
+            return
+        self._kept_bytes += len(body or b"") - len(node.body or b"")
+        node.body, node.error, node.answered, node.etag, node.rev = body, error, answered, etag, self.round
+        node.render()
+
+
+async def _get(session: aiohttp.ClientSession, node: _Node) -> tuple[bytes | None, str | None, str | None]:
+    """(body or None for a 304, its ETag, error or None)."""
+    headers = {"If-None-Match": node.etag} if node.etag and node.body is not None else {}
+    try:
+        async with session.get(f"http://{node.target}{wire.DIGEST_PATH}", headers=headers,
+                               allow_redirects=False) as response:
+            etag = response.headers.get("ETag")
+            etag = etag if etag and len(etag) <= 200 and etag.isprintable() else None
+            if response.status == 304 and headers:
+                return None, etag or node.etag, None
+            if response.status != 200:
+                return None, None, f"HTTP {response.status}"
+            if response.headers.get("Content-Encoding", "identity") != "identity":
+                return None, None, "a digest in an encoding not asked for"
+            body = await response.content.read(digest.MAX_DIGEST_BYTES + 1)
+            if len(body) > digest.MAX_DIGEST_BYTES:
+                return None, None, f"a digest of more than {digest.MAX_DIGEST_BYTES} bytes"
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        return None, None, _why(exc)
+    try:
+        digest.NodeDigest.model_validate_json(body)
+    except ValidationError:
+        return None, None, "a digest that does not parse"
+    return body, etag, None
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, ConnectionRefusedError):
+        exc = exc.os_error  # said as the launcher's own reads say it (digest.REFUSED)
+    text = "".join(ch if ch.isprintable() else "?" for ch in str(exc))
+    return f"{type(exc).__name__}: {text}"[:MAX_ERROR_CHARS] if text else type(exc).__name__
+
+
+def _join(head: dict[str, Any], entries: list[bytes], gzipped: bool) -> bytes:
+    text = json.dumps(head, separators=(",", ":"))
+    body = (text[:-1] + ',"nodes":[').encode() + b",".join(entries) + b"]}"
+    return gzip.compress(body, compresslevel=1) if gzipped else body
+
+
+def listing_of(groups: Any) -> list[tuple[str, str]]:
+    """(node, host:port) of every target of /sd's groups (the node is its `node` label, else its address)."""
+    found = []
+    for group in groups:
+        labels = group.get("labels") or {}
+        for target in group.get("targets") or ():
+            found.append((str(labels.get("node") or target), str(target)))
+    return found
