@@ -150,7 +150,8 @@ def kinds_of(record: RunRecord, kind: str, since: float = 0.0) -> list:
 
 
 def nodes_of(record: RunRecord, kind: str, since: float) -> set[str]:
-    return {event.details["node"] for event in kinds_of(record, kind, since)}
+    """The nodes events of `kind` name (one event names every node of its check, up to five)."""
+    return {node for event in kinds_of(record, kind, since) for node in event.details["nodes"]}
 
 
 def up_values(run_dir: Path, instance: str) -> list[float]:
