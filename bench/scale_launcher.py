@@ -8,6 +8,9 @@ port), each with a real 8-GPU node's /metrics: the bodies are taken once from a 
 and If-None-Match as the exporter does, with its own code (exporter.serving.exposition.Rendering: the same
 gzip and ETag; exporter.serving.server.not_modified: the same 304 rule); it also serves /sd. POST /fake/tick
 makes every node's training progress advance (a new step: new bytes and ETag for the families holding it).
+Each node also serves its health digest (wire.DIGEST_PATH), made from its body by the exporter's own
+reduction (exporter/contract/digest.py build), with the exporter's ETag and 304 rule; POST
+/fake/fault?node=I gives node I the faulty body from then on (bench/fleet_watch.py).
 
 The launcher's code runs in a process of its own per size and checkout (`measure`), so its CPU and peak
 RSS are its own: a health check cold (the first), steady (nothing changed: 304s), and training (every node
@@ -147,17 +150,46 @@ def _advanced(block: str, generation: int) -> str:
 def serve_fleet(nodes: int, healthy: Path, faulty: Path, fault_nodes: list[int], port: int) -> None:
     """Serve `nodes` exporters on 127.1.x.y:`port` and /sd on 127.1.0.1:`port`/sd until SIGTERM."""
     import asyncio
+    import hashlib
 
     from aiohttp import web
 
+    from exporter.contract import digest, wire
     from exporter.serving.exposition import Format, Rendering
     from exporter.serving.server import not_modified
+    from launcher.health.exporters import parse
 
     bodies = {"healthy": _families(healthy.read_text()), "faulty": _families(faulty.read_text())}
     faults = set(fault_nodes)
-    state = {"generation": 0, "requests": 0, "not_modified": 0}
+    state = {"generation": 0, "requests": 0, "not_modified": 0, "digests": 0}
     cache: dict[tuple[str, int, frozenset[str] | None], Rendering] = {}
+    digests: dict[tuple[str, int], tuple[bytes, str]] = {}
     by_address = {_address(index): index for index in range(nodes)}
+
+    def node_digest(kind: str) -> tuple[bytes, str]:
+        """The node's digest as its exporter makes it (exporter/contract/digest.py) from the same body."""
+        key = (kind, state["generation"])
+        found = digests.get(key)
+        if found is None:
+            body = rendering(kind, None).body.decode()
+            made = digest.build((sample.name, sample.labels, sample.value) for sample in parse(body))
+            text = made.model_dump_json().encode()
+            found = digests[key] = (text, hashlib.blake2b(text, digest_size=12).hexdigest())
+        return found
+
+    async def node_digest_of(request: web.Request) -> web.Response:
+        state["digests"] += 1
+        host = request.transport.get_extra_info("sockname")[0] if request.transport else ""
+        body, etag = node_digest("faulty" if by_address.get(host) in faults else "healthy")
+        headers = {"ETag": f'"{etag}"'}
+        if not_modified(request.if_none_match, etag):
+            state["not_modified"] += 1
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=body, content_type="application/json", headers=headers)
+
+    async def fault(request: web.Request) -> web.Response:
+        faults.add(int(request.query["node"]))  # an XID 79 on that node from now on
+        return web.json_response(state)
 
     def rendering(kind: str, names: frozenset[str] | None) -> Rendering:
         key = (kind, state["generation"], names)
@@ -195,9 +227,11 @@ def serve_fleet(nodes: int, healthy: Path, faulty: Path, fault_nodes: list[int],
                                                                        "role": "worker"}} for index in range(nodes)]
         return web.json_response(groups)
 
-    async def tick(_: web.Request) -> web.Response:
-        state["generation"] += 1
+    async def tick(request: web.Request) -> web.Response:
+        # ?generation=N: N steps (and seconds) past the captured body; else one more
+        state["generation"] = int(request.query.get("generation", state["generation"] + 1))
         cache.clear()
+        digests.clear()
         return web.json_response(state)
 
     async def counts(_: web.Request) -> web.Response:
@@ -207,7 +241,9 @@ def serve_fleet(nodes: int, healthy: Path, faulty: Path, fault_nodes: list[int],
         app = web.Application()
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/sd", sd)
+        app.router.add_get(wire.DIGEST_PATH, node_digest_of)
         app.router.add_post("/fake/tick", tick)
+        app.router.add_post("/fake/fault", fault)
         app.router.add_get("/fake/counts", counts)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
