@@ -22,7 +22,7 @@ from launcher.health.policy import FaultClass, HealthPolicy
 from launcher.health.watcher import Watcher
 from launcher.journal import Journal
 from launcher.state import RunRecord
-from tests.broken_exporters import RawServer, trickle_headers
+from tests.broken_exporters import RawServer, gzip_bomb, not_an_exposition, trickle_headers
 from tests.fleet_support import Fleet, Sample
 
 SID = "fleet-1-a1"
@@ -212,3 +212,33 @@ def test_when_a_tenth_of_the_nodes_miss_the_deadline_one_warning_names_them_and_
     [fault] = events(record, "health.fault")
     assert (fault["fault"], fault["node"]) == ("gpu_fault", "workers-17")
     assert sum(1 for read in heal.watcher.last.reads if read.ok) == len(names) + 1  # every node that answers
+
+
+def test_a_node_that_answers_garbage_is_an_entry_that_says_so_and_the_others_are_read(fleet: Fleet):
+    fleet.set("workers-0", node_samples(0, 10, time.time()))
+    with RawServer(not_an_exposition) as garbage, RawServer(gzip_bomb(2**26)) as bomb:
+        fleet.relist({"garbage": garbage.address, "bomb": bomb.address})
+        reader = fleet_reader(fleet)
+        deadline = time.monotonic() + 20
+        while True:
+            reads = {read.target.node: read for read in reader.read(3.0, 1.0) or []}
+            if reads and all(read.error != digest.NOT_READ_YET for read in reads.values()):
+                break
+            assert time.monotonic() < deadline, reads
+            time.sleep(0.3)
+    assert reads["garbage"].error == "a digest that does not parse"
+    assert reads["bomb"].error == "a digest in an encoding not asked for"
+    assert reads["workers-0"].ok
+    assert reads["workers-0"].digest.jobs[SID].steps == {0: 10, 1: 10}
+
+
+def test_where_the_head_serves_no_document_the_watcher_reads_every_exporter_itself(fleet: Fleet):
+    fleet.set("workers-0", node_samples(0, 10, time.time(), xid_at=time.time()))
+    not_a_head = FleetReader(lambda: fleet.nodes["workers-1"].url, lambda: None)  # a worker: 404
+    watcher = Watcher(POLICY, lambda: direct_targets(fleet), fleet=not_a_head)
+    watcher.watch(Attempt(1, SID, started_at=time.time() - 60))
+    check = watcher.check()
+    assert not check.via_fleet
+    assert "HTTP 404" in (not_a_head.why_not or "")
+    assert [fault.node for fault in check.faults] == ["workers-0"]
+    assert get(fleet.head.url + wire.FLEET_PATH + "?since=x")[0] == 400

@@ -67,7 +67,6 @@ class FleetGatherer:
         self._listing = listing
         self.interval = interval
         self.timeout = timeout
-        self._slots = asyncio.Semaphore(max_parallel)
         self._max_parallel = max_parallel
         self._clock = clock
         self.generation = secrets.token_hex(6)
@@ -87,7 +86,8 @@ class FleetGatherer:
         """The fleet document for a reader whose last answer had `since` as its cursor; starts the rounds."""
         loop = asyncio.get_running_loop()
         self._asked_at = loop.time()
-        if self._task is None or self._task.done():
+        if self._task is None or self._task.done():  # the first ask, or the first since the rounds stopped
+            self._forget_all()  # what was read before is stale: never served as now
             self._task = asyncio.create_task(self._run(), name="fleet-gatherer")
         if not self._first_round.is_set():
             try:
@@ -100,6 +100,12 @@ class FleetGatherer:
         head = {"v": digest.VERSION, "generation": self.generation, "cursor": self.round, "full": full,
                 "listed": len(self._nodes), "read_at": self.read_at}
         return await asyncio.to_thread(_join, head, entries, gzipped)
+
+    def _forget_all(self) -> None:
+        self._nodes.clear()
+        self._kept_bytes = 0
+        self._first_round.clear()
+        self.generation = secrets.token_hex(6)  # a reader's cursor is of the rounds forgotten
 
     async def close(self) -> None:
         if self._task is not None:
@@ -127,7 +133,14 @@ class FleetGatherer:
         self.round += 1
         if listed is not None:
             self._relist(dict((target, name) for name, target in listed))
-        await asyncio.gather(*(self._read(session, node) for node in list(self._nodes.values())))
+        # MAX_PARALLEL readers take the nodes in turn: as many tasks as reads at once, however many nodes
+        waiting = iter(list(self._nodes.values()))
+
+        async def reader() -> None:
+            for node in waiting:
+                await self._read(session, node)
+
+        await asyncio.gather(*(reader() for _ in range(self._max_parallel)))
         self.read_at = self._clock()
 
     def _relist(self, listed: Mapping[str, str]) -> None:
@@ -150,12 +163,11 @@ class FleetGatherer:
         self._kept_bytes -= len(node.body or b"")
 
     async def _read(self, session: aiohttp.ClientSession, node: _Node) -> None:
-        async with self._slots:
-            try:
-                async with asyncio.timeout(self.timeout):
-                    body, etag, error = await _get(session, node)
-            except TimeoutError:
-                body, etag, error = None, None, f"no answer within {self.timeout:g}s"
+        try:
+            async with asyncio.timeout(self.timeout):
+                body, etag, error = await _get(session, node)
+        except TimeoutError:
+            body, etag, error = None, None, f"no answer within {self.timeout:g}s"
         if error is None and body is not None and body != node.body and \
                 self._kept_bytes - len(node.body or b"") + len(body) > MAX_FLEET_BYTES:
             body, error = None, f"the head keeps at most {MAX_FLEET_BYTES} bytes of digests"
