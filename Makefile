@@ -8,7 +8,7 @@ PYTHON ?= python3
 SYSTEM_DEPS := prometheus:prometheus promtool:prometheus prometheus-alertmanager:prometheus-alertmanager \
 	amtool:prometheus-alertmanager prometheus-node-exporter:prometheus-node-exporter chromium:chromium
 
-.PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint bench-progress bench-selection bench-scale docs dashboards \
+.PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint bench-progress bench-selection bench-scale bench-fleet docs dashboards \
 	alerts drill rl-drill heal-drill heal-soak release-check clean
 
 $(VENV)/.installed: pyproject.toml
@@ -84,6 +84,10 @@ bench-scale: install
 	rm -rf $(SCALE_BASE) && mkdir -p $(SCALE_BASE) && git archive '$(SCALE_BASE_REF)' | tar -x -C $(SCALE_BASE)
 	$(PY) -m bench.scale --section launcher --sizes 10,100,500,2000 --baseline $(SCALE_BASE)
 	$(PY) -m bench.scale --section prometheus --sizes 50,200,400
+
+# The fleet watch at 2,000 and 10,000 nodes: the head's document beside direct reads (docs/scale.md).
+bench-fleet: install
+	$(PY) -m bench.fleet_watch --sizes 2000,10000
 
 docs: install
 	$(VENV)/bin/exporter metrics -o markdown --out docs/metrics.md

@@ -173,7 +173,7 @@ def serve_fleet(nodes: int, healthy: Path, faulty: Path, fault_nodes: list[int],
         if found is None:
             body = rendering(kind, None).body.decode()
             made = digest.build((sample.name, sample.labels, sample.value) for sample in parse(body))
-            text = made.model_dump_json().encode()
+            text = digest.encode(made)
             found = digests[key] = (text, hashlib.blake2b(text, digest_size=12).hexdigest())
         return found
 

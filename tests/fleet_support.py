@@ -102,7 +102,7 @@ class Fleet:
         """What node `name` sees from now on; returns once its digest says so (and /metrics, rendered with it)."""
         node = self.nodes[name]
         node.samples = samples
-        wanted = digest.build(samples).model_dump_json().encode()
+        wanted = digest.encode(digest.build(samples))
         deadline = time.monotonic() + 20
         while self.call(_get(node.url + wire.DIGEST_PATH)) != wanted:
             assert time.monotonic() < deadline, f"{name}'s digest never came to say what was set"

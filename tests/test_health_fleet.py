@@ -91,8 +91,8 @@ def test_a_node_serves_its_digest_with_an_etag_and_a_304_while_it_is_unchanged(f
     status, body, etag = get(fleet.nodes["workers-1"].url + wire.DIGEST_PATH)
     assert (status, etag is not None) == (200, True)
     seen = digest.NodeDigest.model_validate_json(body)
-    assert seen.xids == [(79, "1", "GPU-1-1", now)]
-    assert seen.jobs[SID].steps == {2: 7, 3: 7}
+    assert seen.xids == ((79, "1", "GPU-1-1", now),)
+    assert {rank: step for rank, (step, *_) in seen.jobs[SID].ranks.items()} == {2: 7, 3: 7}
     assert get(fleet.nodes["workers-1"].url + wire.DIGEST_PATH, **{"If-None-Match": etag})[0] == 304
 
 
@@ -229,7 +229,7 @@ def test_a_node_that_answers_garbage_is_an_entry_that_says_so_and_the_others_are
     assert reads["garbage"].error == "a digest that does not parse"
     assert reads["bomb"].error == "a digest in an encoding not asked for"
     assert reads["workers-0"].ok
-    assert reads["workers-0"].digest.jobs[SID].steps == {0: 10, 1: 10}
+    assert {rank: step for rank, (step, *_) in reads["workers-0"].digest.jobs[SID].ranks.items()} == {0: 10, 1: 10}
 
 
 def test_where_the_head_serves_no_document_the_watcher_reads_every_exporter_itself(fleet: Fleet):

@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 VERSION = 1
 # A worker's digest is under a kilobyte; the head's lists every Ray node it knows (~50 bytes each).
@@ -46,6 +46,11 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]
 Rank = Annotated[int, Field(ge=0, lt=2**31)]
 Step = Annotated[int, Field(ge=-(2**62), lt=2**62)]
 Text = Annotated[str, Field(max_length=256)]
+# Bounds a parse checks (mutable defaults are factories and lists are tuples: a parse of 10,000 digests
+# copies no default and calls no Python validator).
+MAX_RANKS = 4096
+MAX_ITEMS = 1024
+MAX_RAY_NODES = 100_000
 
 
 class _Digest(BaseModel):
@@ -57,32 +62,30 @@ class JobDigest(_Digest):
 
     processes: bool = False  # the job has processes here now
     output_at: Finite | None = None  # the newest write to a log of its processes here (unix time)
-    reported: dict[Rank, Finite] = {}  # rank -> when it last reported progress (a step or an RL iteration)
-    steps: dict[Rank, Step] = {}  # rank -> its newest step (its RL iteration when it reports no steps)
-    first_step: dict[Rank, Step] = {}  # rank -> its first step of the attempt
-    first_at: dict[Rank, Finite] = {}  # rank -> when it made it
-    nonfinite: dict[Rank, Finite] = {}  # rank -> non-finite losses reported (ranks with none left out)
+    # rank -> (its newest step (its RL iteration when it reports no steps), when it last reported progress,
+    # its first step of the attempt, when it made it); one tuple a rank: 8 ranks a node, 10,000 nodes a read
+    ranks: dict[Rank, tuple[Step | None, Finite | None, Step | None, Finite | None]] = Field(
+        default_factory=dict, max_length=MAX_RANKS)
+    # rank -> non-finite losses reported (ranks with none left out)
+    nonfinite: dict[Rank, Finite] = Field(default_factory=dict, max_length=MAX_RANKS)
     checkpoint_step: Step | None = None
 
 
 class NodeDigest(_Digest):
     """What one node's exporter sees that the watcher judges."""
 
-    v: Literal[1] = VERSION
-    ray_node_ids: list[Text] = []  # the Ray nodes this exporter watches
-    ray_nodes: dict[Text, tuple[bool, Text]] = {}  # the head's: every Ray node id -> (alive, its IP)
-    xids: list[tuple[int, Text, Text, Finite]] = []  # (xid, gpu, uuid, when it last happened)
-    gpus_lost: list[tuple[Text, Text]] = []  # (gpu, uuid) that NVML cannot reach
-    remap_failed: list[tuple[Text, Text]] = []  # (gpu, uuid) whose row remapping failed
-    recovery: list[tuple[Text, Text, int]] = []  # (gpu, uuid, action) the driver asks for
-    ecc_uncorrected: dict[Text, Finite] = {}  # uuid -> double-bit ECC errors since the exporter started (>0)
-    jobs: dict[Text, JobDigest] = {}  # by submission id
-
-    @model_validator(mode="after")
-    def _bounded(self) -> NodeDigest:
-        if len(self.jobs) > 1024 or len(self.xids) > 4096:
-            raise ValueError("more jobs or XIDs than a node has")
-        return self
+    v: Literal[1]  # no default: always on the wire, however much else is left out as empty
+    ray_node_ids: tuple[Text, ...] = Field((), max_length=MAX_ITEMS)  # the Ray nodes this exporter watches
+    # the head's: every Ray node id -> (alive, its IP)
+    ray_nodes: dict[Text, tuple[bool, Text]] = Field(default_factory=dict, max_length=MAX_RAY_NODES)
+    # (xid, gpu, uuid, when it last happened)
+    xids: tuple[tuple[int, Text, Text, Finite], ...] = Field((), max_length=MAX_ITEMS)
+    gpus_lost: tuple[tuple[Text, Text], ...] = Field((), max_length=MAX_ITEMS)  # (gpu, uuid) NVML cannot reach
+    remap_failed: tuple[tuple[Text, Text], ...] = Field((), max_length=MAX_ITEMS)  # (gpu, uuid), remapping failed
+    recovery: tuple[tuple[Text, Text, int], ...] = Field((), max_length=MAX_ITEMS)  # (gpu, uuid, action) asked for
+    # uuid -> double-bit ECC errors since the exporter started (>0)
+    ecc_uncorrected: dict[Text, Finite] = Field(default_factory=dict, max_length=MAX_ITEMS)
+    jobs: dict[Text, JobDigest] = Field(default_factory=dict, max_length=MAX_ITEMS)  # by submission id
 
 
 def whole(value: str | float | None) -> int | None:
@@ -136,10 +139,16 @@ def build(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> NodeDigest
                 recovery.append((gpu, uuid, action))
         elif name == "raypulse_gpu_ecc_errors_total" and labels.get("type") in UNCORRECTED and math.isfinite(value):
             ecc[uuid] = ecc.get(uuid, 0.0) + value
-    return NodeDigest(ray_node_ids=sorted(ids), ray_nodes=ray_nodes, xids=sorted(xids), gpus_lost=sorted(lost),
-                      remap_failed=sorted(remap), recovery=sorted(recovery),
+    return NodeDigest(v=VERSION, ray_node_ids=tuple(sorted(ids)), ray_nodes=ray_nodes, xids=tuple(sorted(xids)),
+                      gpus_lost=tuple(sorted(lost)), remap_failed=tuple(sorted(remap)),
+                      recovery=tuple(sorted(recovery)),
                       ecc_uncorrected={uuid: count for uuid, count in ecc.items() if count > 0},
                       jobs={submission: job.digest() for submission, job in sorted(jobs.items())})
+
+
+def encode(made: NodeDigest) -> bytes:
+    """A digest as it goes on the wire: compact, what is empty left out (a parse gives it back)."""
+    return made.model_dump_json(exclude_defaults=True).encode()
 
 
 class _Job:
@@ -193,9 +202,11 @@ class _Job:
 
     def digest(self) -> JobDigest:
         # A rank that reports RL iterations but no training steps: its iteration is its step.
-        return JobDigest(processes=self.processes, output_at=self.output_at, reported=self.reported,
-                         steps={**self.iterations, **self.steps}, first_step=self.first_step,
-                         first_at=self.first_at,
+        steps = {**self.iterations, **self.steps}
+        ranks = sorted({*steps, *self.reported, *self.first_step, *self.first_at})
+        return JobDigest(processes=self.processes, output_at=self.output_at,
+                         ranks={rank: (steps.get(rank), self.reported.get(rank), self.first_step.get(rank),
+                                       self.first_at.get(rank)) for rank in ranks},
                          nonfinite={rank: count for rank, count in self.nonfinite.items() if count > 0},
                          checkpoint_step=self.checkpoint_step)
 
@@ -221,4 +232,4 @@ class FleetDocument(_Digest):
     full: bool
     listed: int  # the nodes the head lists now
     read_at: Finite | None = None  # when the head's last round of reads ended (unix time)
-    nodes: list[FleetEntry] = []
+    nodes: tuple[FleetEntry, ...] = ()

@@ -32,7 +32,7 @@ def samples(snapshots: list[Snapshot]) -> Iterator[tuple[str, Mapping[str, str],
 
 
 def render(snapshots: list[Snapshot]) -> Served:
-    body = digest.build(samples(snapshots)).model_dump_json().encode()
+    body = digest.encode(digest.build(samples(snapshots)))
     return Served(body, hashlib.blake2b(body, digest_size=12).hexdigest())
 
 

@@ -121,7 +121,7 @@ class Progress:
 
 
 def progress(reads: Iterable[NodeRead], submission_id: str) -> Progress:
-    """The attempt's progress over every node read (as each node's digest reduced its ranks)."""
+    """The attempt's progress over the nodes read (as each node's digest reduced its ranks)."""
     last: dict[int, float] = {}
     steps: dict[int, int] = {}
     nonfinite: dict[int, float] = {}
@@ -129,14 +129,15 @@ def progress(reads: Iterable[NodeRead], submission_id: str) -> Progress:
     first_step: dict[int, int] = {}
     first_report: dict[int, float] = {}
     for job in _jobs(reads, submission_id):
-        for rank, at in job.reported.items():
-            last[rank] = max(last.get(rank, at), at)
-        for rank, step in job.steps.items():
-            steps[rank] = max(steps.get(rank, step), step)
-        for rank, step in job.first_step.items():
-            first_step[rank] = min(first_step.get(rank, step), step)
-        for rank, at in job.first_at.items():
-            first_report[rank] = min(first_report.get(rank, at), at)
+        for rank, (step, at, first, first_at) in job.ranks.items():
+            if at is not None:
+                last[rank] = max(last.get(rank, at), at)
+            if step is not None:
+                steps[rank] = max(steps.get(rank, step), step)
+            if first is not None:
+                first_step[rank] = min(first_step.get(rank, first), first)
+            if first_at is not None:
+                first_report[rank] = min(first_report.get(rank, first_at), first_at)
         for rank, count in job.nonfinite.items():
             nonfinite[rank] = nonfinite.get(rank, 0.0) + count
         if job.checkpoint_step is not None:
@@ -163,12 +164,12 @@ def job_nodes(reads: Iterable[NodeRead], submission_id: str) -> set[str]:
 
 
 def find(policy: HealthPolicy, reads: list[NodeRead], attempt: Attempt, baseline: Baseline, now: float,
-         dead_nodes: Iterable[str] = ()) -> list[Fault]:
+         dead_nodes: Iterable[str] = (), seen: Progress | None = None) -> list[Fault]:
     """Every fault this read shows, most serious first: lost nodes, GPU faults, non-finite losses, a hang.
     A node that was not read is judged by none of them: the hang is judged on the nodes that answered
     (the watcher reports the others as unreachable), and only when some did."""
     usable = [read for read in reads if read.digest is not None]
-    seen = progress(usable, attempt.submission_id)
+    seen = seen if seen is not None else progress(usable, attempt.submission_id)
     faults = [*_lost_nodes(usable, baseline, set(dead_nodes), now, seen.newest_step)]
     nodes = job_nodes(usable, attempt.submission_id)
     for read in usable:
@@ -200,7 +201,9 @@ def _lost_nodes(reads: list[NodeRead], baseline: Baseline, dead: set[str], now: 
 def _gpu_faults(read: NodeRead, attempt: Attempt, baseline: Baseline, now: float, step: int | None) -> list[Fault]:
     node = read.target.node
     seen = read.digest
-    faults = []
+    faults: list[Fault] = []
+    if not (seen.xids or seen.gpus_lost or seen.remap_failed or seen.recovery or seen.ecc_uncorrected):
+        return faults  # nearly every node of a large run, nearly every check
 
     where = {"node": node, "ray_node_ids": list(seen.ray_node_ids), "host": _host(read.target.url)}
     if read.target.pod:  # a KubeRay sidecar's: `node` is the pod's Kubernetes node (spec.nodeName)

@@ -103,11 +103,12 @@ class Watcher:
         self._note_reachability(reads, result)
         self._baseline.take(reads, self._retired)
         now = self._clock()
-        for fault in found.find(self.policy, reads, self.attempt, self._baseline, now, self._dead_nodes()):
+        result.progress = found.progress([read for read in reads if read.ok], self.attempt.submission_id)
+        for fault in found.find(self.policy, reads, self.attempt, self._baseline, now, self._dead_nodes(),
+                                result.progress):
             if fault.key not in self._reported:
                 self._reported.add(fault.key)
                 result.faults.append(fault)
-        result.progress = found.progress([read for read in reads if read.ok], self.attempt.submission_id)
         result.seconds = time.monotonic() - began
         self.last = result
         return result
