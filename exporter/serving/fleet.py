@@ -8,9 +8,10 @@ once, a deadline per node that never holds up the others, a cap on a digest's by
 all of them kept) and strictly parsed: a node is foreign input, and one that cannot be read is an
 entry saying why, never a missing one.
 
-Each node's entry carries the round it last changed in; `?since=CURSOR` answers only the entries
-changed after that cursor (the whole list when the nodes listed changed since, or the cursor is of
-another process or unknown). Documents are joined and compressed off the loop.
+Each entry carries the number of the change that last made it what it is (one sequence for the whole
+fleet, so a document served in the middle of a round misses nothing of the rest of it);
+`?since=CURSOR` answers only the entries changed after that cursor (the whole list when the nodes
+listed changed since, or the cursor is of another process or unknown). Documents are joined and compressed off the loop.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ Listing = Callable[[], list[tuple[str, str]] | None]  # (node, host:port) of eve
 class _Node:
     name: str
     target: str
-    rev: int  # the round its entry last changed in
+    rev: int  # the change (self._changes) that last changed its entry
     etag: str | None = None
     body: bytes | None = None  # its last digest, as it sent it (parsed, strict, before it was kept)
     error: str | None = digest.NOT_READ_YET
@@ -70,10 +71,10 @@ class FleetGatherer:
         self._max_parallel = max_parallel
         self._clock = clock
         self.generation = secrets.token_hex(6)
-        self.round = 0
         self.read_at: float | None = None
         self._nodes: dict[str, _Node] = {}  # by target
-        self._listed_rev = 0  # the round the nodes listed last changed in
+        self._changes = 0  # entries changed so far: a document's cursor
+        self._listed_rev = 0  # the change at which the nodes listed last changed
         self._kept_bytes = 0
         self._asked_at = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -95,15 +96,16 @@ class FleetGatherer:
                     await self._first_round.wait()
             except TimeoutError:
                 pass  # what is read so far; the rest say they are not read yet
-        full = since is None or generation != self.generation or since < self._listed_rev or since > self.round
+        full = since is None or generation != self.generation or since < self._listed_rev or since > self._changes
         entries = [node.entry for node in self._nodes.values() if full or node.rev > since]  # type: ignore[operator]
-        head = {"v": digest.VERSION, "generation": self.generation, "cursor": self.round, "full": full,
+        head = {"v": digest.VERSION, "generation": self.generation, "cursor": self._changes, "full": full,
                 "listed": len(self._nodes), "read_at": self.read_at}
         return await asyncio.to_thread(_join, head, entries, gzipped)
 
     def _forget_all(self) -> None:
         self._nodes.clear()
         self._kept_bytes = 0
+        self._changes = self._listed_rev = 0
         self._first_round.clear()
         self.generation = secrets.token_hex(6)  # a reader's cursor is of the rounds forgotten
 
@@ -117,7 +119,8 @@ class FleetGatherer:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         connector = aiohttp.TCPConnector(limit=self._max_parallel, force_close=True)  # sockets: MAX_PARALLEL
-        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        async with aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                         cookie_jar=aiohttp.DummyCookieJar()) as session:
             while loop.time() - self._asked_at < IDLE_STOP_S:
                 began = loop.time()
                 try:
@@ -130,7 +133,6 @@ class FleetGatherer:
 
     async def _round(self, session: aiohttp.ClientSession) -> None:
         listed = self._listing()
-        self.round += 1
         if listed is not None:
             self._relist(dict((target, name) for name, target in listed))
         # MAX_PARALLEL readers take the nodes in turn: as many tasks as reads at once, however many nodes
@@ -153,11 +155,13 @@ class FleetGatherer:
             if node is None or node.name != name:
                 if node is not None:
                     self._forget(node)
-                node = self._nodes[target] = _Node(name, target, self.round)
+                self._changes += 1
+                node = self._nodes[target] = _Node(name, target, self._changes)
                 node.render()
                 changed = True
         if changed:
-            self._listed_rev = self.round
+            self._changes += 1
+            self._listed_rev = self._changes
 
     def _forget(self, node: _Node) -> None:
         self._kept_bytes -= len(node.body or b"")
@@ -184,7 +188,8 @@ class FleetGatherer:
             node.etag = etag if error is None else None
             return
         self._kept_bytes += len(body or b"") - len(node.body or b"")
-        node.body, node.error, node.answered, node.etag, node.rev = body, error, answered, etag, self.round
+        self._changes += 1
+        node.body, node.error, node.answered, node.etag, node.rev = body, error, answered, etag, self._changes
         node.render()
 
 
