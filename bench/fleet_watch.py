@@ -37,6 +37,7 @@ from bench.scale_launcher import _get, _post, _wait, capture, fleet
 
 REPO = Path(__file__).resolve().parent.parent
 FAULT_BEFORE_CHECK = 3
+FLOOR_S = 15.0
 HANG_AFTER_S = 30.0  # three checks of 10 s: the least HealthPolicy allows (MIN_CHECKS_PER_THRESHOLD)
 
 
@@ -198,11 +199,15 @@ def bench(sizes: list[int], checks: int, direct: bool) -> None:
                     assert head.stdout is not None
                     started = json.loads(head.stdout.readline())
                     print(f"fleet_watch: {nodes} nodes through the head ...", file=sys.stderr, flush=True)
+                    floor = Pinger(started["url"])  # before any ask: the head idle, this machine's noise
+                    time.sleep(FLOOR_S)
+                    idle = floor.stop()
                     pinger, cpu, wall = Pinger(started["url"]), _cpu_seconds(started["pid"]), time.monotonic()
                     result = run_measure(started["url"], fake, began, checks, fault_node, True, progress_at)
                     used = _cpu_seconds(started["pid"]) - cpu
                     result["head_cpu_share"] = round(used / (time.monotonic() - wall), 3)
                     result.update(pinger.stop())
+                    result["floor_p99_ms"] = idle["healthz_p99_ms"]
                     rows.append((nodes, "head's document", result))
                 finally:
                     head.terminate()
@@ -223,13 +228,14 @@ def print_table(rows: list[tuple[int, str, dict[str, Any]]]) -> None:
           "once). Every node advances a step a second; an XID 79 on one node before the third check; then "
           f"every rank stops (hang threshold {HANG_AFTER_S:g} s). Launcher CPU-s and wall s per training check "
           "(p50 / max), the launcher's peak RSS; the head's CPU as a share of one core and its /healthz latency "
-          "while the launcher checks.\n")
+          "while the launcher checks (floor: the same head's p99 before anyone asked, this machine's noise).\n")
     print("| nodes | read | launcher CPU-s / check | check wall s | nodes judged (min) / listed | XID seen after | "
-          "hang judged after the stop | launcher RSS MB | head CPU | head /healthz p50 / p99 ms |")
+          "hang judged after the stop | launcher RSS MB | head CPU | head /healthz p50 / p99 ms (floor p99) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for nodes, name, result in rows:
         head = f"{result['head_cpu_share']:.0%}" if "head_cpu_share" in result else "-"
-        healthz = f"{result['healthz_p50_ms']} / {result['healthz_p99_ms']}" if "healthz_p99_ms" in result else "-"
+        healthz = f"{result['healthz_p50_ms']} / {result['healthz_p99_ms']} ({result['floor_p99_ms']})" \
+            if "healthz_p99_ms" in result else "-"
         seen = f"{result['fault_seen_after_s']} s" if result["fault_seen_after_s"] is not None else "never"
         hang = f"{result['hang_after_stop_s']} s" if result["hang_after_stop_s"] is not None else "-"
         print(f"| {nodes:,} | {name} | {result['cpu_p50']:.2f} / {result['cpu_max']:.2f} | "
