@@ -39,7 +39,7 @@ from exporter.contract import wire
 from exporter.framework.catalog import CATALOG
 from exporter.framework.collector import Collector
 from exporter.framework.scheduler import Scheduler
-from exporter.framework.shared import Shared
+from exporter.framework.shared import ServiceDiscovery, Shared
 from exporter.plugins import enabled_collectors
 from exporter.progress.endpoint import ProgressEndpoint
 from exporter.serving import httplog
@@ -204,12 +204,21 @@ class Exporter:
             headers["Content-Encoding"] = "gzip"
         return web.Response(body=rendering.gzipped if want_gzip else rendering.body, headers=headers)
 
-    async def _sd(self, request: web.Request) -> web.Response:
+    def _head_view(self) -> ServiceDiscovery | None:
+        """The cluster as the ray_head collector sees it, on the Ray head's exporter only."""
         found = self.shared.service_discovery.get()
-        if found is None or found.role != "head":
-            role = found.role if found is not None else "not known yet"
-            return web.Response(status=404, text=f"this exporter's Ray role is {role}; /sd is served by the "
-                                                 "exporter on the Ray head node\n")
+        return found if found is not None and found.role == "head" else None
+
+    def _not_head(self, path: str) -> web.Response:
+        found = self.shared.service_discovery.get()
+        role = found.role if found is not None else "not known yet"
+        return web.Response(status=404, text=f"this exporter's Ray role is {role}; {path} is served by the exporter "
+                                             "on the Ray head node\n")
+
+    async def _sd(self, request: web.Request) -> web.Response:
+        found = self._head_view()
+        if found is None:
+            return self._not_head(wire.SD_PATH)
         groups = list(found.groups)
         if self.config.discovers_node_exporter:  # node_exporter beside every exporter, labelled alike
             settings = self.config.node_exporter
@@ -226,16 +235,13 @@ class Exporter:
         return web.Response(body=served.body, content_type="application/json", headers=headers)
 
     def _fleet_listing(self) -> list[tuple[str, str]] | None:
-        found = self.shared.service_discovery.get()
-        return listing_of(found.groups) if found is not None and found.role == "head" else None
+        found = self._head_view()
+        return listing_of(found.groups) if found is not None else None
 
     async def _fleet(self, request: web.Request) -> web.Response:
         """Every node's digest as the head last read them; ?since=CURSOR&generation=G: the changed ones."""
-        found = self.shared.service_discovery.get()
-        if found is None or found.role != "head":
-            role = found.role if found is not None else "not known yet"
-            return web.Response(status=404, text=f"this exporter's Ray role is {role}; {wire.FLEET_PATH} is "
-                                                 "served by the exporter on the Ray head node\n")
+        if self._head_view() is None:
+            return self._not_head(wire.FLEET_PATH)
         if self.web_config is not None:
             return web.Response(status=404, text=f"{wire.FLEET_PATH} is not served under a web config (the head "
                                                  f"would need the nodes' credentials): read each node's "
