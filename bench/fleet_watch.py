@@ -222,10 +222,13 @@ def bench(sizes: list[int], checks: int, direct: bool) -> None:
 
 
 def print_table(rows: list[tuple[int, str, dict[str, Any]]]) -> None:
+    from exporter.serving import fleet as gatherer
+
     print("\n### The fleet watch (python -m bench.fleet_watch)\n")
     print(f"Measured on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          "the product's settings (a check every 10 s, 3 s read deadline; the head: 2 s per node, 64 reads at "
-          "once). Every node advances a step a second; an XID 79 on one node before the third check; then "
+          "the product's settings (a check every 10 s, 3 s read deadline; the head: "
+          f"{gatherer.READ_TIMEOUT_S:g} s per node, {gatherer.MAX_PARALLEL} reads at once). Every node advances a "
+          "step a second; an XID 79 on one node before the third check; then "
           f"every rank stops (hang threshold {HANG_AFTER_S:g} s). Launcher CPU-s and wall s per training check "
           "(p50 / max), the launcher's peak RSS; the head's CPU as a share of one core and its /healthz latency "
           "while the launcher checks (floor: the same head's p99 before anyone asked, this machine's noise).\n")

@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 GATHER_INTERVAL_S = 10.0  # the launcher's default check interval: a round per check (an asker may say its own)
 MIN_GATHER_INTERVAL_S = 1.0
 READ_TIMEOUT_S = 2.0  # per node, from when its read starts (not while it waits for a slot)
-MAX_PARALLEL = 64  # reads (and sockets) at once, however many nodes /sd lists
+# Reads (and sockets in use) at once, however many nodes /sd lists. Few: the responses being handled at once
+# are what a /healthz waits behind on the loop, and on loopback or a LAN more would not make a round shorter.
+MAX_PARALLEL = 16
 IDLE_STOP_S = 300.0
 FIRST_ROUND_WAIT_S = 2.5  # a first ask waits this long for the first round (a launcher's read deadline is 3 s)
 MAX_FLEET_BYTES = 64 * 2**20  # every digest kept, together: a node past it is an entry that says so
@@ -228,9 +230,9 @@ async def _get(session: aiohttp.ClientSession, node: _Node) -> tuple[bytes | Non
 
 
 def _sockets_to_keep() -> int:
-    """How many idle connections the head may keep open between rounds: a quarter of its file descriptors
-    (the exporter's own server takes at most another quarter, exporter/serving/guard.py)."""
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4
+    """How many idle connections the head may keep open between rounds: half of its file descriptors (the
+    exporter's own server takes at most a quarter, exporter/serving/guard.py; the rest is for its files)."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
 
 
 def _session(max_parallel: int, keep_alive: bool) -> aiohttp.ClientSession:
