@@ -142,7 +142,8 @@ def measure(head: str | None, sd: str, control: str, began: float, checks: int, 
         check = watcher.check()
         row = {"check": number, "wall": round(time.monotonic() - wall, 3), "cpu": round(time.process_time() - cpu, 3),
                "listed": len(check.reads), "judged": sum(1 for read in check.reads if read.ok),
-               "via_fleet": check.via_fleet}
+               "via_fleet": check.via_fleet, "faults": [fault.summary for fault in check.faults],
+               "errors": sorted({read.error for read in check.reads if read.error})[:3]}
         rows.append(row)
         for fault in check.faults:
             if fault.kind is FaultClass.GPU_FAULT and seen_fault is None:
@@ -167,9 +168,9 @@ def run_measure(head: str | None, fake: Any, began: float, checks: int, fault_no
     command = [sys.executable, "-m", "bench.fleet_watch", "measure", "--sd", fake.sd, "--control", fake.control,
                "--began", str(began), "--checks", str(checks), "--fault-node", str(fault_node),
                "--progress-at", str(progress_at), *(["--head", head] if head else []), *(["--hang"] if hang else [])]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    result = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, text=True, timeout=3600)  # rows: stderr
     if result.returncode != 0:
-        raise SystemExit(f"measure failed:\n{result.stderr[-3000:]}")
+        raise SystemExit("measure failed (its stderr is above)")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

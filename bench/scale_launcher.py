@@ -148,7 +148,8 @@ def _advanced(block: str, generation: int) -> str:
 
 
 def serve_fleet(nodes: int, healthy: Path, faulty: Path, fault_nodes: list[int], port: int) -> None:
-    """Serve `nodes` exporters on 127.1.x.y:`port` and /sd on 127.1.0.1:`port`/sd until SIGTERM."""
+    """Serve `nodes` exporters on 127.1.x.y:`port` and /sd on 127.1.0.1:`port`/sd until SIGTERM (one listener
+    on every address of `port`, answering only this machine)."""
     import asyncio
     import hashlib
 
@@ -237,8 +238,15 @@ def serve_fleet(nodes: int, healthy: Path, faulty: Path, fault_nodes: list[int],
     async def counts(_: web.Request) -> web.Response:
         return web.json_response(state)
 
+    @web.middleware
+    async def loopback_only(request: web.Request, handler: Any) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if not peer or not str(peer[0]).startswith("127."):
+            return web.Response(status=403)  # it listens on every address: only this machine may ask
+        return await handler(request)
+
     async def main() -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[loopback_only])
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/sd", sd)
         app.router.add_get(wire.DIGEST_PATH, node_digest_of)
@@ -247,8 +255,9 @@ def serve_fleet(nodes: int, healthy: Path, faulty: Path, fault_nodes: list[int],
         app.router.add_get("/fake/counts", counts)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        for index in range(nodes):
-            await web.TCPSite(runner, _address(index), port, backlog=1024).start()
+        # One listener for every node (a node is the address a connection came to): N listeners and the
+        # head's N kept connections would not fit one process's file descriptors at 10,000 nodes.
+        await web.TCPSite(runner, "0.0.0.0", port, backlog=4096).start()
         print(json.dumps({"sd": f"http://{_address(0)}:{port}/sd", "control": f"http://{_address(0)}:{port}"}),
               flush=True)
         stop = asyncio.Event()

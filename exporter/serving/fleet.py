@@ -41,6 +41,7 @@ READ_TIMEOUT_S = 2.0  # per node, from when its read starts (not while it waits 
 # are what a /healthz waits behind on the loop, and on loopback or a LAN more would not make a round shorter.
 MAX_PARALLEL = 16
 IDLE_STOP_S = 300.0
+STALE_AFTER_INTERVALS = 2.0
 FIRST_ROUND_WAIT_S = 2.5  # a first ask waits this long for the first round (a launcher's read deadline is 3 s)
 MAX_FLEET_BYTES = 64 * 2**20  # every digest kept, together: a node past it is an entry that says so
 MAX_ERROR_CHARS = 160
@@ -57,6 +58,8 @@ class _Node:
     body: bytes | None = None  # its last digest, as it sent it (parsed, strict, before it was kept)
     error: str | None = digest.NOT_READ_YET
     answered: bool = False
+    checked_at: float = 0.0  # when it last answered the head (loop time)
+    failed: bool = False  # the last read of it failed (one not reached in a round is not a failed one)
     entry: bytes = field(default=b"", repr=False)  # its entry in a document, made when it changes
 
     def render(self) -> None:
@@ -99,11 +102,20 @@ class FleetGatherer:
                     await self._first_round.wait()
             except TimeoutError:
                 pass  # what is read so far; the rest say they are not read yet
+        self._expire(loop.time())
         full = since is None or generation != self.generation or since < self._listed_rev or since > self._changes
         entries = [node.entry for node in self._nodes.values() if full or node.rev > since]  # type: ignore[operator]
         head = {"v": digest.VERSION, "generation": self.generation, "cursor": self._changes, "full": full,
                 "listed": len(self._nodes), "read_at": self.read_at}
         return await asyncio.to_thread(_join, head, entries, gzipped)
+
+    def _expire(self, now: float) -> None:
+        """A digest the head has not read again for two rounds (a loop too busy to read it) is no longer
+        served as the node's now: the entry says how old it is."""
+        oldest = now - STALE_AFTER_INTERVALS * self.interval - self.timeout
+        for node in self._nodes.values():
+            if node.error is None and node.checked_at < oldest:
+                self._update(node, None, None, f"not read for {now - node.checked_at:.0f}s")
 
     def _forget_all(self) -> None:
         self._nodes.clear()
@@ -145,11 +157,18 @@ class FleetGatherer:
                 await session.close()
 
     async def _round(self, session: aiohttp.ClientSession) -> None:
-        # MAX_PARALLEL readers take the nodes in turn: as many tasks as reads at once, however many nodes
-        waiting = iter(list(self._nodes.values()))
+        """Every node once, for at most an interval: nodes that time out cannot keep the others from being read,
+        and a node not reached by then says so (and is read early in the next round)."""
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + self.interval
+        # Those that answered the last time they were asked first, least recently read first among them
+        waiting = iter(sorted(self._nodes.values(), key=lambda node: (node.failed, node.checked_at)))
 
-        async def reader() -> None:
+        async def reader() -> None:  # MAX_PARALLEL readers take the nodes in turn
             for node in waiting:
+                if loop.time() >= ends:
+                    self._update(node, None, None, f"not reached in the head's round of {self.interval:g}s")
+                    continue
                 await self._read(session, node)
 
         await asyncio.gather(*(reader() for _ in range(self._max_parallel)))
@@ -182,6 +201,9 @@ class FleetGatherer:
                 body, etag, error = await _get(session, node)
         except TimeoutError:
             body, etag, error = None, None, f"no answer within {self.timeout:g}s"
+        node.failed = error is not None
+        if error is None:
+            node.checked_at = asyncio.get_running_loop().time()
         if error is None and body is not None and body != node.body and \
                 self._kept_bytes - len(node.body or b"") + len(body) > MAX_FLEET_BYTES:
             body, error = None, f"the head keeps at most {MAX_FLEET_BYTES} bytes of digests"
