@@ -6,6 +6,7 @@ nodes are real sockets that never answer in time (tests/broken_exporters.py).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -242,3 +243,18 @@ def test_where_the_head_serves_no_document_the_watcher_reads_every_exporter_itse
     assert "HTTP 404" in (not_a_head.why_not or "")
     assert [fault.node for fault in check.faults] == ["workers-0"]
     assert get(fleet.head.url + wire.FLEET_PATH + "?since=x")[0] == 400
+
+
+async def test_a_digest_the_head_has_not_read_again_for_two_rounds_is_served_as_stale_never_as_now():
+    from exporter.serving.fleet import FleetGatherer, _Node
+
+    gatherer = FleetGatherer(lambda: [], interval=10.0, timeout=2.0)
+    loop_now = asyncio.get_running_loop().time()
+    fresh, old = _Node("fresh", "127.0.0.2:9477", 1), _Node("old", "127.0.0.3:9477", 1)
+    for node, read_at in ((fresh, loop_now - 5), (old, loop_now - 23)):  # two rounds and the read deadline: 22 s
+        gatherer._nodes[node.target] = node
+        gatherer._update(node, digest.encode(digest.build([])), '"e"', None)
+        node.checked_at = read_at
+    gatherer._expire(loop_now)
+    assert (fresh.error, fresh.body is not None) == (None, True)
+    assert (old.error, old.body) == ("not read for 23s", None)
