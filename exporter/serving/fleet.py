@@ -3,9 +3,9 @@ watching a run of thousands of nodes reads one answer per check, not one per nod
 
 The head's exporter gathers the digest (exporter/contract/digest.py) of every node its /sd lists, a
 round every `interval` seconds while someone asks (a gatherer nobody read for IDLE_STOP_S stops until
-asked again). Each read is conditional (an unchanged node is a 304), bounded (MAX_PARALLEL reads at
-once, a deadline per node that never holds up the others, a cap on a digest's bytes, one budget for
-all of them kept) and strictly parsed: a node is foreign input, and one that cannot be read is an
+asked again). Each read is conditional (an unchanged node is a 304), bounded (MIN_PARALLEL to
+MAX_PARALLEL reads at once, a deadline per node that never holds up the others, a round of at most an
+interval, a cap on a digest's bytes, one budget for all of them kept) and strictly parsed: a node is foreign input, and one that cannot be read is an
 entry saying why, never a missing one.
 
 Each entry carries the number of the change that last made it what it is (one sequence for the whole
@@ -37,9 +37,11 @@ log = logging.getLogger(__name__)
 GATHER_INTERVAL_S = 10.0  # the launcher's default check interval: a round per check (an asker may say its own)
 MIN_GATHER_INTERVAL_S = 1.0
 READ_TIMEOUT_S = 2.0  # per node, from when its read starts (not while it waits for a slot)
-# Reads (and sockets in use) at once, however many nodes /sd lists. Few: the responses being handled at once
-# are what a /healthz waits behind on the loop, and on loopback or a LAN more would not make a round shorter.
-MAX_PARALLEL = 16
+# Reads at once, however many nodes /sd lists. Few: the responses being handled at once are what a /healthz
+# waits behind on the loop, and on a LAN more do not make a round shorter. A round that ran out of its
+# interval (nodes slow to answer) doubles them for the next, up to MAX_PARALLEL; one done in half halves them.
+MIN_PARALLEL = 16
+MAX_PARALLEL = 64  # also the sockets in use at once
 IDLE_STOP_S = 300.0
 STALE_AFTER_INTERVALS = 2.0
 FIRST_ROUND_WAIT_S = 2.5  # a first ask waits this long for the first round (a launcher's read deadline is 3 s)
@@ -75,6 +77,7 @@ class FleetGatherer:
         self.interval = interval
         self.timeout = timeout
         self._max_parallel = max_parallel
+        self.parallel = min(MIN_PARALLEL, max_parallel)  # readers in the next round
         self._clock = clock
         self.generation = secrets.token_hex(6)
         self.read_at: float | None = None
@@ -164,15 +167,23 @@ class FleetGatherer:
         # Those that answered the last time they were asked first, least recently read first among them
         waiting = iter(sorted(self._nodes.values(), key=lambda node: (node.failed, node.checked_at)))
 
-        async def reader() -> None:  # MAX_PARALLEL readers take the nodes in turn
+        late = False
+
+        async def reader() -> None:  # `parallel` readers take the nodes in turn
+            nonlocal late
             for node in waiting:
                 if loop.time() >= ends:
+                    late = True
                     self._update(node, None, None, f"not reached in the head's round of {self.interval:g}s")
                     continue
                 await self._read(session, node)
 
-        await asyncio.gather(*(reader() for _ in range(self._max_parallel)))
+        await asyncio.gather(*(reader() for _ in range(self.parallel)))
         self.read_at = self._clock()
+        if late:
+            self.parallel = min(self._max_parallel, self.parallel * 2)
+        elif loop.time() < ends - self.interval / 2:
+            self.parallel = max(min(MIN_PARALLEL, self._max_parallel), self.parallel // 2)
 
     def _relist(self, listed: Mapping[str, str]) -> None:
         changed = False
