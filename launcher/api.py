@@ -38,7 +38,7 @@ from launcher.errors import BadInput, Cancelled, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
 from launcher.healing import Healing
 from launcher.health import stacks
-from launcher.health.fleet import FleetReader, head_url
+from launcher.health.fleet import FleetReader
 from launcher.jobs import TERMINAL, JobsClient
 from launcher.journal import Journal
 from launcher.run import Run, job_view, seen_of, update_attempt
@@ -88,7 +88,7 @@ def _healing(spec: JobSpec, journal: Journal, placement: Placement) -> Healing |
     if not spec.health.enabled:
         return None
     exporters = placement.exporters
-    fleet = FleetReader(lambda: head_url(exporters.sd_url()), lambda: exporters.access)
+    fleet = FleetReader(exporters.head_url, lambda: exporters.access)
     return Healing(spec.health, journal, exporters.targets, placement.remedy, placement.dashboard,
                    progress_url=exporters.progress_url, local_processes=placement.local_processes, fleet=fleet)
 

@@ -258,3 +258,14 @@ async def test_a_digest_the_head_has_not_read_again_for_two_rounds_is_served_as_
     gatherer._expire(loop_now)
     assert (fresh.error, fresh.body is not None) == (None, True)
     assert (old.error, old.body) == ("not read for 23s", None)
+
+
+def test_nodes_the_head_lists_under_one_name_are_told_apart_by_their_exporter(fleet: Fleet):
+    from exporter.framework.shared import ServiceDiscovery
+
+    one, two = fleet.nodes["workers-0"], fleet.nodes["workers-1"]
+    groups = tuple({"targets": [node.address], "labels": {"cluster": "c", "node": "10.0.0.5"}} for node in (one, two))
+    fleet.head.shared.service_discovery.publish(ServiceDiscovery("head", groups))  # two Ray nodes on one host
+    reads = fleet_reader(fleet).read(3.0, 1.0)
+    assert reads is not None
+    assert sorted(read.target.node for read in reads) == sorted(f"10.0.0.5 ({node.address})" for node in (one, two))

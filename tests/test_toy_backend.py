@@ -117,6 +117,9 @@ class NoExporters:
     def sd_url(self) -> str | None:
         return None
 
+    def head_url(self) -> str | None:
+        return None
+
 
 class NoRemedy:
     def dead_nodes(self) -> list[str]:

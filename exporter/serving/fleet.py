@@ -5,8 +5,8 @@ The head's exporter gathers the digest (exporter/contract/digest.py) of every no
 round every `interval` seconds while someone asks (a gatherer nobody read for IDLE_STOP_S stops until
 asked again). Each read is conditional (an unchanged node is a 304), bounded (MIN_PARALLEL to
 MAX_PARALLEL reads at once, a deadline per node that never holds up the others, a round of at most an
-interval, a cap on a digest's bytes, one budget for all of them kept) and strictly parsed: a node is foreign input, and one that cannot be read is an
-entry saying why, never a missing one.
+interval, a cap on a digest's bytes, one budget for all of them kept) and strictly parsed: a node
+is foreign input, and one that cannot be read is an entry saying why, never a missing one.
 
 Each entry carries the number of the change that last made it what it is (one sequence for the whole
 fleet, so a document served in the middle of a round misses nothing of the rest of it);

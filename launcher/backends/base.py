@@ -51,6 +51,11 @@ class Exporters(Protocol):
         """The head exporter's service discovery URL (None: not known yet)."""
         ...
 
+    def head_url(self) -> str | None:
+        """The head exporter whose fleet document (every node's health digest) the watcher reads; None: it
+        reads each exporter itself."""
+        ...
+
 
 @dataclass
 class Seen:

@@ -44,6 +44,12 @@ class ClusterExporters:
         head = next((ref.url for ref in record.exporters if ref.role == "head"), None) if record else None
         return head + wire.SD_PATH if head else None
 
+    def head_url(self) -> str | None:
+        """None: the record names every exporter, by the launcher's own node names, on this machine (a local
+        cluster is a few nodes; the head's /sd knows them by their Ray node IPs, which its exporters need
+        not listen on)."""
+        return None
+
 
 class DeployedExporters:
     """The exporters of an existing cluster, as its head exporter's /sd lists them. The head exporter
@@ -70,6 +76,9 @@ class DeployedExporters:
         self.sd_url()
         assert self._targets is not None
         return self._targets()
+
+    def head_url(self) -> str:
+        return self.sd_url().removesuffix(wire.SD_PATH)
 
 
 def head_exporter(client: JobsClient, access: ExporterAccess | None = None) -> str:

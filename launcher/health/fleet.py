@@ -28,11 +28,6 @@ MAX_WIRE_BYTES = 32 * 2**20
 MAX_INFLATED_BYTES = 128 * 2**20
 
 
-def head_url(sd_url: str | None) -> str | None:
-    """The head exporter's base URL, from its /sd URL (None: not known yet)."""
-    return sd_url.removesuffix(wire.SD_PATH) if sd_url else None
-
-
 class FleetReader:
     """The head's fleet document, read once per check; None from read() when there is none to read."""
 
@@ -78,12 +73,25 @@ class FleetReader:
         changed = set()
         for entry in document.nodes:
             before = kept.get(entry.target)
-            target = before[1] if before is not None and before[1].node == entry.node else \
+            target = before[1] if before is not None and before[1].node.startswith(entry.node) else \
                 Target(entry.node, f"http://{entry.target}", access)
             self._entries[entry.target] = (entry, target)
             changed.add(entry.target)
+        if document.full:
+            self._name_apart()
         self._generation, self._cursor = document.generation, document.cursor
         return [NodeRead(target, error=(entry.error or "no digest") if entry.digest is None else None,
                          digest=entry.digest,
                          not_modified=key not in changed, answered_before=entry.answered)
                 for key, (entry, target) in self._entries.items()]
+
+
+    def _name_apart(self) -> None:
+        """Nodes /sd lists under one name (Ray nodes on one host, named by its IP) get their exporter's
+        address beside it: a node's name is what its events and faults say, one node each."""
+        seen: dict[str, int] = {}
+        for entry, _ in self._entries.values():
+            seen[entry.node] = seen.get(entry.node, 0) + 1
+        for key, (entry, target) in self._entries.items():
+            if seen[entry.node] > 1 and target.node == entry.node:
+                self._entries[key] = (entry, Target(f"{entry.node} ({entry.target})", target.url, target.access))
