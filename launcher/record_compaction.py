@@ -2,7 +2,8 @@
 rewritten so that rounds older than `full_s` become per-minute rollups and rounds older than `minute_s`
 per-5-minute rollups (each series' min, max, mean and last over the span, as long-term stores downsample),
 except rounds inside a protected window (a fault, restart or recovery, ten minutes either side), which keep
-full resolution. Rollups already made are merged again as they age into the coarser step.
+full resolution, and the first round after each recorder start. Rollups already made are merged again as
+they age into the coarser step.
 
 A rollup line: {"kind": "rollup", "t0": first round's time, "t": last round's time, "step": 60 | 300,
 "n": rounds in it, "s": [[id, min, max, mean, last], ...]}. Every other line is kept as it is, in order.
@@ -122,11 +123,13 @@ def compact(path: Path, lines: Iterable[dict[str, Any]], now: float, ages: Ages,
             bucket = _Bucket(step, start)
         return bucket
 
+    first = False  # the next scrape is a recorder's first: kept whole (the record starts where the run did)
     try:
         for line in lines:
             kind = line.get("kind")
             if kind == "scrape":
-                step = step_of(line["t"])
+                step = 0 if first else step_of(line["t"])
+                first = False
                 if step == 0:
                     flush()
                     writer.line(line)
@@ -145,6 +148,7 @@ def compact(path: Path, lines: Iterable[dict[str, Any]], now: float, ages: Ages,
             else:
                 if kind in ("meta", "end"):
                     flush()  # ids start again after a meta line: no rollup spans it
+                    first = kind == "meta"
                 writer.line(line)
         flush()
         writer.close()
