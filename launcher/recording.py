@@ -19,12 +19,23 @@ A series is named once and then referred to by id. Every target also gets Promet
 `up` series (1 read, 0 not), with the target labels Prometheus would give it (those of /sd plus
 `job` and `instance`), so a backfilled recording selects like live data.
 
-Bounded: the recorder stops (and says so, in the file and to `notify`) before the file passes
-`max_bytes`, or when the disk under the run dir has less than `min_free_bytes` left. Nothing else ends
-it: a target that cannot be read (gone, slow, broken; read through launcher/health/exporters.py's
-bounded reader) is `up` 0 for the round, and a round that fails is skipped. Only Prometheus names are
-kept: a sample whose metric name or a label name is not one (a quoted UTF-8 name, which could forge
-samples in `launcher export`) is left out and counted (`dropped` in the end line and in `notify`).
+Within a budget at any length: `max_bytes` is met by rolling older rounds up (per minute, then per 5
+minutes; launcher/record_compaction.py), keeping every round of the last hours and around each fault,
+restart and recovery (`mark` lines, written when a WATCHED series changes or the run calls mark()). Above
+record_fleet.FLEET_NODES targets a round keeps the fleet's distributions (`fleet:<metric>:<operation>`
+series) and only the outlying, faulty or asked-for nodes' own series (launcher/record_fleet.py). Two more
+lines then:
+
+    {"kind": "mark", "t": ..., "why": "node-7: a fault or recovery series changed"}
+    {"kind": "rollup", "t0": ..., "t": ..., "step": 60, "n": 4, "s": [[7, min, max, mean, last], ...]}
+
+The recorder stops (and says so, in the file and to `notify`) only when even its last hour at full
+resolution would pass `max_bytes`, or when the disk under the run dir has less than `min_free_bytes`
+left. Nothing else ends it: a target that cannot be read (gone, slow, broken; read through
+launcher/health/exporters.py's bounded reader) is `up` 0 for the round, and a round that fails is
+skipped. Only Prometheus names are kept: a sample whose metric name or a label name is not one (a
+quoted UTF-8 name, which could forge samples in `launcher export`) is left out and counted (`dropped`
+in the end line and in `notify`).
 
 Its record has its ends: a round right when an attempt starts (`record_soon`) and when it ends (the
 run calls `record_once`, before the job's processes and exporters go away), and a last one at `stop()`.
