@@ -90,7 +90,7 @@ LEVELS = (Ages(6 * 3600, 24 * 3600), Ages(3 * 3600, 12 * 3600), Ages(3600, 6 * 3
           Ages(3600, 3600, protect=False))
 COMPACT_EVERY_S = 3600.0  # of the run's time: how often older rounds are rolled up
 WINDOW_S = 600.0  # kept whole either side of a fault, restart or recovery; a fleet's outlier kept this long
-NEW_OUTLIERS = 8  # per round, at most this many more nodes get a window of their own (the farthest out)
+NEW_WINDOWS = 16  # per round, at most this many more nodes get a window of their own
 # Series whose change is a fault or a recovery (a window is kept whole around it), with their healthy value.
 WATCHED = {"up": 1.0, "raypulse_gpu_up": 1.0, "raypulse_ray_node_alive": 1.0, "raypulse_gpu_xid_errors_total": 0.0,
            "raypulse_gpu_ecc_errors_total": 0.0, "raypulse_gpu_lost_events_total": 0.0,
@@ -470,18 +470,19 @@ class Recorder:
         """The targets (their index in `taken`) one of whose WATCHED series changed this round (or first
         showed an unhealthy value): each is a fault or a recovery, whose window is kept whole."""
         faulty: set[int] = set()
-        for index, (target, ids, values) in enumerate(taken):
-            ids, values = ids[ids >= 0], values[ids >= 0]
-            healthy = self._watch.get(ids)
-            watched = ~np.isnan(healthy)
-            if not watched.any():
-                continue
-            ids, values, healthy = ids[watched], values[watched], healthy[watched]
+        if taken:
+            ids = np.concatenate([ids for _, ids, _ in taken])
+            values = np.concatenate([values for _, _, values in taken])
+            owner = np.repeat(np.arange(len(taken)), [len(ids) for _, ids, _ in taken])
+            healthy = self._watch.get(np.maximum(ids, 0))
+            watched = (ids >= 0) & ~np.isnan(healthy)
+            ids, values, healthy, owner = ids[watched], values[watched], healthy[watched], owner[watched]
             last = self._last.get(ids)
             changed = np.where(np.isnan(last), values != healthy, values != last)
             self._last.set(ids, values)
-            if changed.any():
+            for index in sorted(set(owner[changed].tolist())):
                 faulty.add(index)
+                target = taken[index][0]
                 self._pending_marks.append((at, f"{target.labels.get('node', target.address)}: a fault or "
                                                 "recovery series changed"))
         for when_, why in self._pending_marks:
@@ -508,10 +509,16 @@ class Recorder:
                 agg_ids.append(ident)
                 agg_values.append(float(reduced.stats[operation][position]))
         pairs = [(np.array(agg_ids, np.int64), np.array(agg_values))]
-        newcomers = sorted((score, index) for index, score in reduced.outliers.items()
-                           if self._keep_until.get(_key(taken[index][0]), -math.inf) < at)
-        opened = {index for _, index in newcomers[-NEW_OUTLIERS:]} | faulty
-        opened |= {index for index in reduced.outliers if self._keep_until.get(_key(taken[index][0]), -math.inf) >= at}
+        def is_open(index: int) -> bool:
+            return self._keep_until.get(_key(taken[index][0]), -math.inf) >= at
+
+        # Faulty nodes first, then the farthest out; at most NEW_WINDOWS new ones a round (a whole fleet
+        # flapping at once is in its distributions, not in 2,000 nodes' own series).
+        newcomers = [i for i in sorted(faulty) if not is_open(i)] + \
+            [i for _, i in sorted(((-score, i) for i, score in reduced.outliers.items()
+                                   if i not in faulty and not is_open(i)))]
+        opened = set(newcomers[:NEW_WINDOWS])
+        opened |= {index for index in [*reduced.outliers, *faulty] if is_open(index)}  # still out: kept longer
         for index in opened:
             self._keep_until[_key(taken[index][0])] = at + self.window_s
         for target, ids, values in taken:
