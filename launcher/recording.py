@@ -332,7 +332,7 @@ class Recorder:
         private_dir(self.path.parent)
         with contextlib.suppress(FileNotFoundError):
             self._size = self.path.stat().st_size  # the same run followed again: appended to
-            self._marks = _windows(read(self.path).marks, self.window_s)
+            self._marks = _windows(_marks_in(self.path), self.window_s)
         if not self._append([{"kind": "meta", "version": FORMAT_VERSION, "started": self.clock(),
                                "interval": self.interval, "max_bytes": self.max_bytes,
                                **self.meta}]):
@@ -958,6 +958,14 @@ def read(path: Path) -> Recording:
         recording.cut_short = True
     _merge_restarted(recording)
     return recording
+
+
+def _marks_in(path: Path) -> list[dict[str, Any]]:
+    """The marks of a recording (a recorder following the run again keeps its windows whole too)."""
+    found: list[dict[str, Any]] = []
+    with contextlib.suppress(_CutShort, ValueError):
+        found += (line for line in lines(path) if line.get("kind") == "mark")
+    return found
 
 
 def _rolled(series: Series, low: float, high: float, mean: float, last: float) -> float:
