@@ -443,7 +443,7 @@ class Recorder:
         if len(taken) > self.fleet_nodes:
             pairs = self._fleet_round(at, taken, faulty, lines, deadline)
         else:
-            pairs = [(ids[ids >= 0], values[ids >= 0]) for _, ids, values in taken]
+            pairs = [self._whole(target, ids, values, lines, deadline) for target, ids, values in taken]
         count = sum(len(ids) for ids, _ in pairs)
         lines.text('{"kind":"scrape","t":' + json.dumps(round(at, 3)) + ',"s":[')
         first = True
@@ -524,17 +524,24 @@ class Recorder:
         for target, ids, values in taken:
             key = _key(target)
             if target.labels.get("node") in self.record_nodes or self._keep_until.get(key, -math.inf) >= at:
-                self._name_all(target, ids, lines, deadline)
-                kept = np.fromiter((ident >= 0 and ident in self._named for ident in ids.tolist()), bool, len(ids))
-                pairs.append((ids[kept], values[kept]))
+                pairs.append(self._whole(target, ids, values, lines, deadline))
             elif key in self._keep_until:
                 del self._keep_until[key]
         return pairs
 
-    def _name_all(self, target: ScrapeTarget, ids: np.ndarray, lines: _Member, deadline: float) -> None:
+    def _whole(self, target: ScrapeTarget, ids: np.ndarray, values: np.ndarray, lines: _Member,
+               deadline: float) -> tuple[np.ndarray, np.ndarray]:
+        """A node's own series for the round, every one named (those first seen while the cluster was
+        large are named now)."""
+        named = np.fromiter((ident >= 0 and ident in self._named for ident in ids.tolist()), bool, len(ids))
+        if not named.all():
+            self._name_all(target, {ident for ident in ids[~named].tolist() if ident >= 0}, lines, deadline)
+            named = np.fromiter((ident >= 0 and ident in self._named for ident in ids.tolist()), bool, len(ids))
+        return ids[named], values[named]
+
+    def _name_all(self, target: ScrapeTarget, missing: set[int], lines: _Member, deadline: float) -> None:
         """Write the `series` lines of a kept node's series not named yet: its answer is read again whole
         (the round's parse kept ids and values, not labels)."""
-        missing = {ident for ident in ids.tolist() if ident >= 0 and ident not in self._named}
         if not missing:
             return
         answer, _ = self._read(target, max(deadline, time.monotonic() + READ_TIMEOUT_S), fresh=True)
