@@ -65,8 +65,8 @@ def bands(chart_id: str, title: str, unit: str, found: list[Band], outliers: lis
     if not drawn:
         return None
 
-    def ys(values: list[float]) -> list[float | None]:
-        return [v if math.isfinite(v) else None for v in values]
+    def ys(values: list[float]) -> list[float | None]:  # 6 significant digits: a 2,000-node week stays light
+        return [float(f"{v:.6g}") if math.isfinite(v) else None for v in values]
 
     data: list[dict[str, Any]] = []
     for index, band in enumerate(drawn):
