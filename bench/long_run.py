@@ -64,12 +64,13 @@ def record(nodes: int, hours: float, change_every: int, run_dir: Path) -> dict:
         if index == restart_at:
             rec.mark("attempt 1 ended")
             rec.mark("attempt 2 started")
+            events["restart"] = now[0]  # the marks' time
         if index % change_every == 0:
             fleet.tick(steps=change_every)
         now[0] += INTERVAL
         times.append(now[0])
         rec.record_once()
-        for name, at in (("xid", xid_at), ("restart", restart_at), ("idle", idle_at)):
+        for name, at in (("xid", xid_at), ("idle", idle_at)):
             if index == at:
                 events[name] = now[0]
         if index == int(3600 / INTERVAL):

@@ -518,6 +518,10 @@ class Recorder:
             [i for _, i in sorted(((-score, i) for i, score in reduced.outliers.items()
                                    if i not in faulty and not is_open(i)))]
         opened = set(newcomers[:NEW_WINDOWS])
+        for index in sorted(opened - faulty):  # a node that starts to stand out matters as a fault does
+            lines.line({"kind": "mark", "t": round(at, 3), "why": f"{taken[index][0].labels.get('node', '?')}: "
+                                                                  "an outlier"})
+            self._marks = _windows([{"t": at}], self.window_s, self._marks)
         opened |= {index for index in [*reduced.outliers, *faulty] if is_open(index)}  # still out: kept longer
         for index in opened:
             self._keep_until[_key(taken[index][0])] = at + self.window_s
