@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{first_cpu * 1000:.0f} ms CPU")
     print(f"- recording / raw scrapes = {per_round / raw_round:.4f}")
     print(f"- CPU: {cpu_round / args.interval:.3%} of one core at a {args.interval:g} s interval")
-    print(f"- days until the default cap ({human(recording.DEFAULT_MAX_BYTES)}): "
+    print(f"- days at full resolution that would fit the default budget ({human(recording.DEFAULT_MAX_BYTES)}): "
           f"{recording.DEFAULT_MAX_BYTES / (per_round * per_hour * 24):.0f}")
     return 0
 

@@ -102,7 +102,8 @@ def _recorder(spec: JobSpec, journal: Journal, placement: Placement) -> recordin
     assert record is not None
     exporters = placement.exporters
     return recording.start(record.directory, exporters.sd_url, interval=spec.record_interval, access=exporters.access,
-                           notify=lambda kind, details: journal.emit(kind, **details), meta={"run_id": record.run_id})
+                           notify=lambda kind, details: journal.emit(kind, **details), meta={"run_id": record.run_id},
+                           record_nodes=frozenset(spec.record_nodes))
 
 
 class RunHandle:

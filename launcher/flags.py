@@ -69,6 +69,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "keep_cluster": "keep_cluster",
     "record": "record",
     "record_interval": "record_interval",
+    "record_nodes": "record_nodes",
     "prometheus": "prometheus",
     "simulate_gpus": "simulate_gpus",
     "exporter_port": "exporter_port",
@@ -340,6 +341,8 @@ def spec_options(func: Callable) -> Callable:
                      f"for `launcher report` and `launcher export` [{default('record')}]."),
         click.option("--record-interval", type=float, metavar="SECONDS",
                      help=f"Seconds between recorded scrapes [{default('record_interval')}]."),
+        click.option("--record-nodes", multiple=True, metavar="NODE", help="A node whose own series a large "
+                     "cluster's record keeps whole (repeatable; above 64 nodes the record keeps distributions)."),
         click.option("--prometheus", metavar="URL", help="Your Prometheus scrapes this run: reports read it and "
                      "nothing is recorded."),
         click.option("--simulate-gpus", is_flag=True, help="Local workers' exporters simulate their --worker-gpus."),

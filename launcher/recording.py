@@ -19,12 +19,23 @@ A series is named once and then referred to by id. Every target also gets Promet
 `up` series (1 read, 0 not), with the target labels Prometheus would give it (those of /sd plus
 `job` and `instance`), so a backfilled recording selects like live data.
 
-Bounded: the recorder stops (and says so, in the file and to `notify`) before the file passes
-`max_bytes`, or when the disk under the run dir has less than `min_free_bytes` left. Nothing else ends
-it: a target that cannot be read (gone, slow, broken; read through launcher/health/exporters.py's
-bounded reader) is `up` 0 for the round, and a round that fails is skipped. Only Prometheus names are
-kept: a sample whose metric name or a label name is not one (a quoted UTF-8 name, which could forge
-samples in `launcher export`) is left out and counted (`dropped` in the end line and in `notify`).
+Within a budget at any length: `max_bytes` is met by rolling older rounds up (per minute, then per 5
+minutes; launcher/record_compaction.py), keeping every round of the last hours and around each fault,
+restart and recovery (`mark` lines, written when a WATCHED series changes or the run calls mark()). Above
+record_fleet.FLEET_NODES targets a round keeps the fleet's distributions (`fleet:<metric>:<operation>`
+series) and only the outlying, faulty or asked-for nodes' own series (launcher/record_fleet.py). Two more
+lines then:
+
+    {"kind": "mark", "t": ..., "why": "node-7: a fault or recovery series changed"}
+    {"kind": "rollup", "t0": ..., "t": ..., "step": 60, "n": 4, "s": [[7, min, max, mean, last], ...]}
+
+The recorder stops (and says so, in the file and to `notify`) only when even its last hour at full
+resolution would pass `max_bytes`, or when the disk under the run dir has less than `min_free_bytes`
+left. Nothing else ends it: a target that cannot be read (gone, slow, broken; read through
+launcher/health/exporters.py's bounded reader) is `up` 0 for the round, and a round that fails is
+skipped. Only Prometheus names are kept: a sample whose metric name or a label name is not one (a
+quoted UTF-8 name, which could forge samples in `launcher export`) is left out and counted (`dropped`
+in the end line and in `notify`).
 
 Its record has its ends: a round right when an attempt starts (`record_soon`) and when it ends (the
 run calls `record_once`, before the job's processes and exporters go away), and a last one at `stop()`.
@@ -36,6 +47,7 @@ import contextlib
 import functools
 import gzip
 import json
+import math
 import os
 import re
 import shutil
@@ -50,11 +62,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from alerts.config import DEFAULT as ALERTS_CONFIG
 from exporter.contract import wire
-from launcher import exposition
+from launcher import exposition, record_compaction, record_fleet
 from launcher.health import exporters
 from launcher.health.exporters import ReadError, fetch_sd
+from launcher.record_compaction import Ages
 from launcher.state import FILE_MODE, ExporterAccess, private_dir
 
 FILE_NAME = "metrics.jsonl.gz"
@@ -68,6 +83,18 @@ STOP_WAIT_S = 3 * READ_TIMEOUT_S  # /sd, then the scrapes in parallel
 # Targets read ahead of the one being written: their parsed samples are all the round holds at once
 # (the reads themselves share the launcher's one pool, exporters.MAX_PARALLEL at a time).
 READ_AHEAD = 2 * exporters.MAX_PARALLEL
+# The budget (docs/reports.md): full resolution for the recent hours, per-minute then per-5-minute rollups
+# beyond, and whole around every fault, restart and recovery; each level is tried in turn while the file
+# stays above half of max_bytes. The last hour is full resolution at every level.
+LEVELS = (Ages(6 * 3600, 24 * 3600), Ages(3 * 3600, 12 * 3600), Ages(3600, 6 * 3600), Ages(3600, 3600),
+          Ages(3600, 3600, protect=False))
+COMPACT_EVERY_S = 3600.0  # of the run's time: how often older rounds are rolled up
+WINDOW_S = 600.0  # kept whole either side of a fault, restart or recovery; a fleet's outlier kept this long
+NEW_WINDOWS = 16  # per round, at most this many more nodes get a window of their own
+# Series whose change is a fault or a recovery (a window is kept whole around it), with their healthy value.
+WATCHED = {"up": 1.0, "raypulse_gpu_up": 1.0, "raypulse_ray_node_alive": 1.0, "raypulse_gpu_xid_errors_total": 0.0,
+           "raypulse_gpu_ecc_errors_total": 0.0, "raypulse_gpu_lost_events_total": 0.0,
+           "raypulse_gpu_row_remap_pending": 0.0, "raypulse_gpu_row_remap_failed": 0.0}
 
 # What is kept. Whole domains whose series are the run's own (bounded by the exporter per job and
 # rank): training progress per rank, RL iterations and phases, the job's state, attempts and processes,
@@ -93,6 +120,7 @@ ALLOWED_FAMILIES = frozenset({
     # the exporter itself: the dashboards' variables are read from its build info
     "raypulse_exporter_build_info",
 })
+CAP_REASON = "size cap of"  # a file too small for even the last hour at full resolution
 UP = "up"  # Prometheus's own per-target series, as it would record it
 # Prometheus names (the classic ones promtool's OpenMetrics parser takes unquoted); `__*` label names
 # are Prometheus's own (`__name__` would rename a series).
@@ -246,7 +274,9 @@ class Recorder:
     def __init__(self, run_dir: Path, sd_url: SdSource, *, interval: float = DEFAULT_INTERVAL_S,
                  max_bytes: int = DEFAULT_MAX_BYTES, min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
                  access: ExporterAccess | None = None, notify: Notify | None = None,
-                 meta: Mapping[str, Any] | None = None) -> None:
+                 meta: Mapping[str, Any] | None = None, fleet_nodes: int = record_fleet.FLEET_NODES,
+                 record_nodes: frozenset[str] = frozenset(), levels: tuple[Ages, ...] = LEVELS,
+                 window_s: float = WINDOW_S, clock: Callable[[], float] = time.time) -> None:
         if interval <= 0:
             raise ValueError(f"record interval must be positive, not {interval}")
         self.path = path_of(run_dir)
@@ -278,6 +308,23 @@ class Recorder:
         self._lock = threading.Lock()  # the file and `ended`
         self._round = threading.Lock()  # one round at a time (the loop's, or a caller's record_once)
         self._size = 0
+        self.fleet_nodes = fleet_nodes  # above this many targets a round keeps distributions (record_fleet)
+        self.record_nodes = record_nodes  # nodes whose own series are kept whatever the fleet's size
+        self.levels = levels
+        self.window_s = window_s
+        self.clock = clock  # a round's time (a bench or test advances it)
+        self._fleet = record_fleet.Fleet()
+        self._named: set[int] = set()  # series whose `series` line is written (a fleet's: only those kept)
+        self._aggregates: dict[tuple[int, str], int] = {}  # (fleet key, operation) -> series id
+        self._watch = _Column(math.nan)  # per series id: its healthy value if WATCHED, else NaN
+        self._last = _Column(math.nan)  # per watched series id: its last value
+        self._keep_until: dict[TargetKey, float] = {}  # a fleet's nodes kept whole, until when
+        self._marks: list[tuple[float, float]] = []  # windows kept whole (sorted, merged)
+        self._level = 0  # LEVELS' index now in force
+        self._first_at: float | None = None
+        self._last_at: float | None = None
+        self._compacted_at = -math.inf
+        self._pending_marks: list[tuple[float, str]] = []  # mark() calls not yet in the file
 
     # -- life --
 
@@ -285,7 +332,8 @@ class Recorder:
         private_dir(self.path.parent)
         with contextlib.suppress(FileNotFoundError):
             self._size = self.path.stat().st_size  # the same run followed again: appended to
-        if not self._append([{"kind": "meta", "version": FORMAT_VERSION, "started": time.time(),
+            self._marks = _windows(_marks_in(self.path), self.window_s)
+        if not self._append([{"kind": "meta", "version": FORMAT_VERSION, "started": self.clock(),
                                "interval": self.interval, "max_bytes": self.max_bytes,
                                **self.meta}]):
             return self  # refused by a bound: `ended` says why, and notify was told
@@ -308,6 +356,10 @@ class Recorder:
         """A round on the recorder's own thread, now rather than at the next interval (an attempt
         started); returns at once."""
         self._wake.set()
+
+    def mark(self, why: str) -> None:
+        """Keep the record whole around now (an attempt started or ended, a heal): WINDOW_S either side."""
+        self._pending_marks.append((self.clock(), why))
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -362,18 +414,18 @@ class Recorder:
                 self._targets = discover(source, self.access)
         if not self._targets:
             return  # no exporter known yet: nothing to write
-        at = time.time()
+        at = self.clock()
         targets = list(self._targets)
         listed = {_key(target) for target in targets}
         for key in [key for key in self._known if key not in listed]:  # gone from /sd (or relabelled)
             del self._known[key]
         deadline = time.monotonic() + ROUND_READS_S
-        # Streamed: each target's samples become ids and values in the round's text as its read comes
-        # back, READ_AHEAD targets in flight; the round never holds every node's parsed samples.
+        # Streamed: each target's samples become ids and values as its read comes back, READ_AHEAD targets
+        # in flight; the round holds every target's ids and values (kept anyway), never its parsed samples.
         lines = _Member()  # the round's new family and series lines, compressed as they come
-        parts: list[str] = []
+        taken: list[tuple[ScrapeTarget, np.ndarray, np.ndarray]] = []
         dropped: list[str] = []
-        count = dropped_count = 0
+        dropped_count = 0
         window: deque[tuple[ScrapeTarget, Future[tuple[list[_Part] | None, str | None]]]] = deque()
         pending = iter(targets)
         while True:
@@ -384,12 +436,26 @@ class Recorder:
             if not window:
                 break
             done, future = window.popleft()
-            written, left_out, examples = self._take(done, *future.result(), lines, parts)
-            count, dropped_count, dropped = count + written, dropped_count + left_out, dropped or examples
+            ids, values, left_out, examples = self._take(done, *future.result(), lines)
+            taken.append((done, ids, values))
+            dropped_count, dropped = dropped_count + left_out, dropped or examples
+        faulty = self._faults(at, taken, lines)
+        if len(taken) > self.fleet_nodes:
+            pairs = self._fleet_round(at, taken, faulty, lines, deadline)
+        else:
+            pairs = [self._whole(target, ids, values, lines, deadline) for target, ids, values in taken]
+        count = sum(len(ids) for ids, _ in pairs)
         lines.text('{"kind":"scrape","t":' + json.dumps(round(at, 3)) + ',"s":[')
-        for index, part in enumerate(parts):
-            lines.text(part if index == 0 else "," + part)
+        first = True
+        for ids, values in pairs:
+            if len(ids):
+                text = json.dumps(list(zip(ids.tolist(), values.tolist(), strict=True)), separators=(",", ":"))
+                lines.text(text[1:-1] if first else "," + text[1:-1])
+                first = False
         lines.text("]}\n")
+        self._last_at = at
+        if self._first_at is None:
+            self._first_at = at
         if self._write(lines.close()):
             self.rounds += 1
             self.samples += count
@@ -397,15 +463,108 @@ class Recorder:
                 self._say("recording.samples_dropped", dropped=dropped_count,
                           example=dropped[0] if dropped else "(as the last round)")
             self.dropped += dropped_count
+            self._compact_if_due(at)
 
-    def _read(self, target: ScrapeTarget, deadline: float) -> tuple[list[_Part] | None, str | None]:
+    def _faults(self, at: float, taken: list[tuple[ScrapeTarget, np.ndarray, np.ndarray]], lines: _Member) \
+            -> set[int]:
+        """The targets (their index in `taken`) one of whose WATCHED series changed this round (or first
+        showed an unhealthy value): each is a fault or a recovery, whose window is kept whole."""
+        faulty: set[int] = set()
+        if taken:
+            ids = np.concatenate([ids for _, ids, _ in taken])
+            values = np.concatenate([values for _, _, values in taken])
+            owner = np.repeat(np.arange(len(taken)), [len(ids) for _, ids, _ in taken])
+            healthy = self._watch.get(np.maximum(ids, 0))
+            watched = (ids >= 0) & ~np.isnan(healthy)
+            ids, values, healthy, owner = ids[watched], values[watched], healthy[watched], owner[watched]
+            last = self._last.get(ids)
+            changed = np.where(np.isnan(last), values != healthy, values != last)
+            self._last.set(ids, values)
+            for index in sorted(set(owner[changed].tolist())):
+                faulty.add(index)
+                target = taken[index][0]
+                self._pending_marks.append((at, f"{target.labels.get('node', target.address)}: a fault or "
+                                                "recovery series changed"))
+        for when_, why in self._pending_marks:
+            lines.line({"kind": "mark", "t": round(when_, 3), "why": why})
+            self._marks = _windows([{"t": when_}], self.window_s, self._marks)
+        self._pending_marks = []
+        return faulty
+
+    def _fleet_round(self, at: float, taken: list[tuple[ScrapeTarget, np.ndarray, np.ndarray]], faulty: set[int],
+                     lines: _Member, deadline: float) -> list[tuple[np.ndarray, np.ndarray]]:
+        """A large cluster's round: the distributions (record_fleet), and the series of the nodes kept whole
+        (outliers, faulty, --record-nodes, and those whose window is still open)."""
+        reduced = self._fleet.reduce([(ids, values) for _, ids, values in taken])
+        agg_ids, agg_values = [], []
+        for position, key in enumerate(reduced.keys.tolist()):
+            name, labels = self._fleet.keys[key]
+            for operation in record_fleet.OPERATIONS:
+                ident = self._aggregates.get((key, operation))
+                if ident is None:
+                    aggregate = record_fleet.series_name(name, operation)
+                    sample = Sample(aggregate, "gauge", f"the fleet's {operation} of {name} across nodes", aggregate,
+                                    dict(labels), 0.0)
+                    ident = self._aggregates[(key, operation)] = self._series_id(sample, lines, aggregate=False)
+                agg_ids.append(ident)
+                agg_values.append(float(reduced.stats[operation][position]))
+        pairs = [(np.array(agg_ids, np.int64), np.array(agg_values))]
+        def is_open(index: int) -> bool:
+            return self._keep_until.get(_key(taken[index][0]), -math.inf) >= at
+
+        # Faulty nodes first, then the farthest out; at most NEW_WINDOWS new ones a round (a whole fleet
+        # flapping at once is in its distributions, not in 2,000 nodes' own series).
+        newcomers = [i for i in sorted(faulty) if not is_open(i)] + \
+            [i for _, i in sorted(((-score, i) for i, score in reduced.outliers.items()
+                                   if i not in faulty and not is_open(i)))]
+        opened = set(newcomers[:NEW_WINDOWS])
+        for index in sorted(opened - faulty):  # a node that starts to stand out matters as a fault does
+            lines.line({"kind": "mark", "t": round(at, 3), "why": f"{taken[index][0].labels.get('node', '?')}: "
+                                                                  "an outlier"})
+            self._marks = _windows([{"t": at}], self.window_s, self._marks)
+        opened |= {index for index in [*reduced.outliers, *faulty] if is_open(index)}  # still out: kept longer
+        for index in opened:
+            self._keep_until[_key(taken[index][0])] = at + self.window_s
+        for target, ids, values in taken:
+            key = _key(target)
+            if target.labels.get("node") in self.record_nodes or self._keep_until.get(key, -math.inf) >= at:
+                pairs.append(self._whole(target, ids, values, lines, deadline))
+            elif key in self._keep_until:
+                del self._keep_until[key]
+        return pairs
+
+    def _whole(self, target: ScrapeTarget, ids: np.ndarray, values: np.ndarray, lines: _Member,
+               deadline: float) -> tuple[np.ndarray, np.ndarray]:
+        """A node's own series for the round, every one named (those first seen while the cluster was
+        large are named now)."""
+        named = np.fromiter((ident >= 0 and ident in self._named for ident in ids.tolist()), bool, len(ids))
+        if not named.all():
+            self._name_all(target, {ident for ident in ids[~named].tolist() if ident >= 0}, lines, deadline)
+            named = np.fromiter((ident >= 0 and ident in self._named for ident in ids.tolist()), bool, len(ids))
+        return ids[named], values[named]
+
+    def _name_all(self, target: ScrapeTarget, missing: set[int], lines: _Member, deadline: float) -> None:
+        """Write the `series` lines of a kept node's series not named yet: its answer is read again whole
+        (the round's parse kept ids and values, not labels)."""
+        if not missing:
+            return
+        answer, _ = self._read(target, max(deadline, time.monotonic() + READ_TIMEOUT_S), fresh=True)
+        for part in answer or []:
+            for item in part.items or []:
+                if isinstance(item, Sample):
+                    ident = self._series.get(_hash(item))
+                    if ident in missing:
+                        self._name(ident, item, lines)
+
+    def _read(self, target: ScrapeTarget, deadline: float, fresh: bool = False) \
+            -> tuple[list[_Part] | None, str | None]:
         """A target's kept families, in requests of at most wire.METRICS_MAX_NAMES names each, each If-None-Match
         its last ETag; or why there are none (gone, refused, slow, a broken or unparsable body: its `up` is 0
         for the round). An exporter that does not know `name[]` answers with everything: kept as before
         (cut down here), and from then on read whole, once a round."""
         scheme = self.access.scheme if self.access else "http"
         base = f"{scheme}://{target.address}"
-        known = self._known.get(_key(target), {})
+        known = {} if fresh else self._known.get(_key(target), {})  # fresh: every line parsed (their labels)
         plan: list[tuple[str, frozenset[str] | None]] = [(wire.METRICS_PATH, None)] if wire.METRICS_PATH in known \
             else [(wire.metrics_path(names), frozenset(names)) for names in requested()]
         out = []
@@ -445,13 +604,15 @@ class Recorder:
         return _Part(path, etag, answer.keys, items, dropped)
 
     def _take(self, target: ScrapeTarget, answer: list[_Part] | None, error: str | None,
-              lines: _Member, parts: list[str]) -> tuple[int, int, list[str]]:
+              lines: _Member) -> tuple[np.ndarray, np.ndarray, int, list[str]]:
         """A target's read into the round: its `up`, then the values of every request (a 304's are the last
-        ones). Returns the samples written, those left out for their names, and an example of one."""
+        ones). Returns their ids (-1: left out for its names) and values, the count left out, and an example."""
         self._note_target(target, error)
         up = Sample(UP, "gauge", "1 if the target answered its scrape, else 0 (as Prometheus records it)", UP,
                     dict(target.labels), 0.0 if answer is None else 1.0)
-        pairs: list[Any] = [(self._series_id(up, lines), up.value)]
+        up_id = self._series_id(up, lines, named=True)  # every target's `up` is named, a fleet's too
+        id_parts = [np.array([up_id], np.int64)]
+        value_parts = [np.array([up.value])]
         left_out, examples = 0, []
         if answer is None:
             self._known.pop(_key(target), None)
@@ -478,11 +639,10 @@ class Recorder:
                     entry = kept[part.path] = _Kept(part.etag, part.keys, ids, values)
                     examples += part.dropped[:1]
                 if entry is not None:
-                    pairs.extend((ident, value) for ident, value in zip(entry.ids, entry.values, strict=True)
-                                 if ident >= 0)
+                    id_parts.append(np.frombuffer(entry.ids, np.int64) if len(entry.ids) else np.zeros(0, np.int64))
+                    value_parts.append(np.frombuffer(entry.values) if len(entry.values) else np.zeros(0))
                     left_out += entry.dropped
-        parts.append(json.dumps(pairs, separators=(",", ":"))[1:-1])
-        return len(pairs), left_out, examples
+        return np.concatenate(id_parts), np.concatenate(value_parts), left_out, examples
 
     def _note_target(self, target: ScrapeTarget, error: str | None) -> None:
         """A target that stops answering is said once (and nothing while it stays so)."""
@@ -492,18 +652,53 @@ class Recorder:
             self._failing[target.address] = error
             self._say("recording.target_failed", target=target.address, node=target.labels.get("node"), error=error)
 
-    def _series_id(self, sample: Sample, lines: _Member) -> int:
-        key = hash((sample.name, tuple(sorted(sample.labels.items()))))
+    def _series_id(self, sample: Sample, lines: _Member, *, aggregate: bool = True, named: bool = False) -> int:
+        """A series' id; a new one is named in the file at once, but for a large cluster's nodes' series
+        (not `named`): those are named when their node is kept whole (_name_all). `aggregate`: a node's
+        series, part of the fleet's distributions."""
+        key = _hash(sample)
         found = self._series.get(key)
         if found is not None:
             return found
+        found = self._series[key] = len(self._series)
+        if aggregate:
+            self._fleet.note(found, sample.name, sample.labels)
+        healthy = WATCHED.get(sample.name)
+        if healthy is not None:
+            self._watch.set(np.array([found]), np.array([healthy]))
+        if named or not aggregate or len(self._targets) <= self.fleet_nodes:
+            self._name(found, sample, lines)
+        return found
+
+    def _name(self, ident: int, sample: Sample, lines: _Member) -> None:
         if sample.family not in self._families:
             self._families.add(sample.family)
             lines.line({"kind": "family", "name": sample.family, "type": sample.type, "help": sample.help})
-        found = self._series[key] = len(self._series)
-        lines.line({"kind": "series", "id": found, "family": sample.family, "name": sample.name,
+        self._named.add(ident)
+        lines.line({"kind": "series", "id": ident, "family": sample.family, "name": sample.name,
                     "labels": sample.labels})
-        return found
+
+    # -- the budget --
+
+    def _compact_if_due(self, at: float) -> None:
+        """Roll older rounds up (record_compaction) once an hour of the run's time when it is older than the
+        level's full resolution, and as soon as the file passes half of max_bytes; a level that leaves it
+        above half gives way to the next."""
+        age = at - (self._first_at if self._first_at is not None else at)
+        due = at - self._compacted_at >= COMPACT_EVERY_S and age > self.levels[self._level].full_s
+        large = self._size > self.max_bytes // 2 and at - self._compacted_at >= self.levels[-1].full_s / 12
+        if due or large:
+            with self._lock:
+                self._compact_locked(at)
+
+    def _compact_locked(self, at: float) -> None:
+        while True:
+            self._size = record_compaction.compact(self.path, lines(self.path), at, self.levels[self._level],
+                                                   self._marks)
+            if self._size <= self.max_bytes // 2 or self._level == len(self.levels) - 1:
+                break
+            self._level += 1
+        self._compacted_at = at
 
     # -- the file --
 
@@ -519,6 +714,9 @@ class Recorder:
             if self.ended:
                 return False
             why = self._bound_passed(len(member))
+            if why is not None and why.startswith(CAP_REASON) and self._last_at is not None:
+                self._compact_locked(self._last_at)  # the budget: older rounds coarser, never a stop while it helps
+                why = self._bound_passed(len(member))
             if why is not None:
                 self._end_locked(why)
                 return False
@@ -529,7 +727,7 @@ class Recorder:
     def _bound_passed(self, adding: int) -> str | None:
         end_room = 256  # the end line must still fit
         if self._size + adding + end_room > self.max_bytes:
-            return f"size cap of {_human(self.max_bytes)} reached"
+            return f"{CAP_REASON} {_human(self.max_bytes)} reached"
         free = shutil.disk_usage(self.path.parent).free
         if free - adding < self.min_free_bytes:
             return (f"disk nearly full: {_human(free)} free under {self.path.parent}, "
@@ -545,7 +743,7 @@ class Recorder:
             return
         self.ended = reason
         self._stop.set()
-        line = {"kind": "end", "t": round(time.time(), 3), "reason": reason, "rounds": self.rounds,
+        line = {"kind": "end", "t": round(self.clock(), 3), "reason": reason, "rounds": self.rounds,
                 "dropped": self.dropped}
         member = gzip.compress((json.dumps(line) + "\n").encode(), mtime=0)
         with contextlib.suppress(OSError):  # a full disk: the reader sees a recording without its end
@@ -586,6 +784,44 @@ class _Member:
         self._feed()
         self._out.append(self._compressor.flush())
         return b"".join(self._out)
+
+
+class _Column:
+    """A float per series id, growing as ids are given out (NaN: not set)."""
+
+    def __init__(self, fill: float) -> None:
+        self.fill = fill
+        self.data = np.full(1024, fill)
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        out = np.full(len(ids), self.fill)
+        inside = ids < len(self.data)
+        out[inside] = self.data[ids[inside]]
+        return out
+
+    def set(self, ids: np.ndarray, values: np.ndarray) -> None:
+        if len(ids) and ids.max() >= len(self.data):
+            grown = np.full(max(2 * len(self.data), int(ids.max()) + 1), self.fill)
+            grown[:len(self.data)] = self.data
+            self.data = grown
+        self.data[ids] = values
+
+
+def _hash(sample: Sample) -> int:
+    return hash((sample.name, tuple(sorted(sample.labels.items()))))
+
+
+def _windows(marks: list[dict[str, Any]], window_s: float,
+             windows: list[tuple[float, float]] | None = None) -> list[tuple[float, float]]:
+    """`windows` with a window of `window_s` either side of each mark's time added (sorted, merged)."""
+    spans = sorted([*(windows or []), *((m["t"] - window_s, m["t"] + window_s) for m in marks)])
+    merged: list[tuple[float, float]] = []
+    for low, high in spans:
+        if merged and low <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    return merged
 
 
 def _append_private(path: Path, data: bytes) -> None:
@@ -669,6 +905,7 @@ class Recording:
     families: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {type, help}
     series: dict[int, Series] = field(default_factory=dict)
     ends: list[dict[str, Any]] = field(default_factory=list)
+    marks: list[dict[str, Any]] = field(default_factory=list)  # faults, restarts, recoveries: kept whole around
     rounds: int = 0
     cut_short: bool = False  # the last gzip member is incomplete: a crash, or a recorder still writing
 
@@ -717,12 +954,39 @@ def read(path: Path) -> Recording:
                     if series is not None:
                         series.times.append(line["t"])
                         series.values.append(value)
+            elif kind == "rollup":
+                recording.rounds += line["n"]
+                for ident, low, high, mean, last in line["s"]:
+                    series = known.get(ident)
+                    if series is not None:
+                        series.times.append(line["t"])
+                        series.values.append(_rolled(series, low, high, mean, last))
+            elif kind == "mark":
+                recording.marks.append(line)
             elif kind == "end":
                 recording.ends.append(line)
     except (_CutShort, ValueError, KeyError, TypeError):
         recording.cut_short = True
     _merge_restarted(recording)
     return recording
+
+
+def _marks_in(path: Path) -> list[dict[str, Any]]:
+    """The marks of a recording (a recorder following the run again keeps its windows whole too)."""
+    found: list[dict[str, Any]] = []
+    with contextlib.suppress(_CutShort, ValueError):
+        found += (line for line in lines(path) if line.get("kind") == "mark")
+    return found
+
+
+def _rolled(series: Series, low: float, high: float, mean: float, last: float) -> float:
+    """A rollup's one value for a series' curve: a fleet's min and max stay extremes, a counter its last
+    value (rates stay right), anything else its mean."""
+    if series.name.endswith(":min"):
+        return low
+    if series.name.endswith(":max"):
+        return high
+    return last if "_total" in series.name else mean
 
 
 def _merge_restarted(recording: Recording) -> None:

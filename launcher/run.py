@@ -63,6 +63,10 @@ class Rounds(Protocol):
         """A round now, on the caller's thread (bounded by the recorder's read deadline)."""
         ...
 
+    def mark(self, why: str) -> None:
+        """Keep the record whole around now (an attempt started, ended or is being stopped)."""
+        ...
+
 
 def submission_id(run_id: str, attempt: int, first: str | None = None) -> str:
     """Attempt `attempt`'s Ray submission id (launcher/submission.py: `first` is the user's --submission-id)."""
@@ -457,7 +461,8 @@ class Run:
             if tail is not None:
                 tail.close()
             return ending or (seen.status if seen is not None else "STOPPED"), seen
-        self._record(now=True)  # the attempt's last values, before a node is replaced or the cluster goes
+        # The attempt's last values, before a node is replaced or the cluster goes.
+        self._record(True, f"attempt {attempt} ended")
         printed = tail.close() if tail is not None else 0
         self._save_log(attempt, sid, printed)
         final = self.record.attempt(attempt)
@@ -479,7 +484,8 @@ class Run:
             if ending is None:
                 ending = self._reason_to_stop(seen.status if seen is not None else "PENDING")
                 if ending is not None:
-                    self._record(now=False)  # while the job's processes still run (not delaying the stop)
+                    # While the job's processes still run (not delaying the stop).
+                    self._record(False, f"attempt {attempt} stopping")
                     self._stop_attempt(attempt, ending)
                     stop_sent_at = time.monotonic()
             try:
@@ -498,7 +504,8 @@ class Run:
                     fault = self.healing.poll(seen.job)  # the checks run beside; never waits for one
                     if fault is not None:
                         ending = "UNHEALTHY"
-                        self._record(now=False)  # the faulty attempt as it stood (not delaying the stop)
+                        # The faulty attempt as it stood (not delaying the stop).
+                        self._record(False, f"attempt {attempt} faulty")
                         self._stop_attempt(attempt, ending)
                         stop_sent_at = time.monotonic()
                         continue  # a backend that stops to restart knows at once: no wait for a poll
@@ -528,14 +535,17 @@ class Run:
             self._on_running()
             self._on_running = None
         if started:
-            self._record(now=False)  # the attempt's start in the run's record (after its exporters start)
+            # The attempt's start in the run's record (after its exporters start).
+            self._record(False, f"attempt {attempt} started")
         return status
 
-    def _record(self, now: bool) -> None:
-        """A round of the run's recording: on this thread (`now`), or soon on the recorder's own."""
+    def _record(self, now: bool, why: str) -> None:
+        """A round of the run's recording: on this thread (`now`), or soon on the recorder's own; the record
+        is kept whole around it (`why`: the attempt's event)."""
         if self.recorder is None:
             return
         try:
+            self.recorder.mark(why)
             if now:
                 self.recorder.record_once()
             else:

@@ -225,6 +225,8 @@ class JobSpec(_Strict):
     record: Literal["on", "off"] = Field("on", description="keep the run's metrics in its directory for "
                                          "`launcher report` and `launcher export` (launcher/recording.py)")
     record_interval: float = Field(15.0, gt=0, le=3600, description="seconds between recorded scrapes")
+    record_nodes: list[str] = Field(default_factory=list, description="nodes (their `node` label) whose own series "
+                                    "a large cluster's record keeps whole, beside the fleet's distributions")
     prometheus: str | None = Field(None, pattern=r"^https?://", description=(
         "your Prometheus scrapes this run: reports read it, and nothing is recorded"))
     simulate_gpus: bool = Field(False, description="local workers' exporters simulate their GPUs")

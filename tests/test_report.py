@@ -323,6 +323,38 @@ def test_an_rl_run_gets_its_reward_phases_kl_and_truncation_drawn(tmp_path: Path
         check_page(browser.open(path), {"attempts", "rl-reward", "rl-phases", "rl-kl", "rl-truncated"})
 
 
+@needs_chromium
+def test_a_large_fleet_is_drawn_as_bands_with_its_outlying_nodes_named(tmp_path: Path):
+    """100 nodes (above record_fleet.FLEET_NODES): the recorder keeps distributions, and the report draws
+    them as bands, with the node that stood out (an idle GPU) named over them, never a line per GPU."""
+    from bench.fakefleet import FakeFleet
+
+    run = tmp_path / "runs" / "fleet-1"
+    record_of(run, state="SUCCEEDED", exit_code=0, finished_at=time.time())
+    fleet, now = FakeFleet(100), [time.time() - 900]
+    targets = fleet.targets()
+    rec = recording.Recorder(run, lambda: targets, interval=3600, clock=lambda: now[0]).start()
+    wait_until(lambda: rec.rounds >= 1, 10, "the recorder's first round")
+    for index in range(40):
+        if index == 20:
+            fleet.fault(5, "idle")
+        fleet.tick()
+        now[0] += 15
+        rec.record_once()
+    rec.stop()
+    path = report.render(run)
+    figures = json.loads(path.read_text().partition('<script type="application/json" id="report-figures">')[2]
+                         .partition("</script>")[0])
+    names = [trace["name"] for trace in figures["gpu-util"]["data"]]
+    assert "worker p5-p95" in names
+    assert "worker median" in names
+    assert "node-0005 GPU 3" in names  # the outlier, named
+    assert len(names) < 100  # not one line per GPU (800)
+    with chromium() as browser:
+        check_page(browser.open(path), {"attempts", "step", "loss", "throughput", "gpu-util", "gpu-memory",
+                                        "gpu-power", "gpu-temperature", "node-memory"})
+
+
 HOSTILE = '<!--<script> & <a href="https://example.invalid/">click</a>'  # text an exporter or a job controls
 
 

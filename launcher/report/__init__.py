@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from launcher import record_fleet
 from launcher.errors import BadInput
 from launcher.health import stacks
 from launcher.recording import Recording, path_of
@@ -164,6 +165,7 @@ class Builder:
         self.record = record
         self.rec = rec
         self.charts: list[Chart] = []
+        self.fleet = rec is not None and data.is_fleet(rec)  # a large cluster's record: distributions
         self.events = self._events_section
         self._events = [e.model_dump(mode="json") for e in record.events] if record else []
 
@@ -179,6 +181,16 @@ class Builder:
         if chart is not None:
             self.charts.append(chart)
         return chart_div(chart, empty)
+
+    def _metric(self, chart_id: str, title: str, unit: str, name: str, legend: Callable[[dict[str, str]], str],
+                *, percent: bool = False, bytes_axis: bool = False, **labels: str) -> Chart | None:
+        """One line per series; a large cluster's as bands with its nodes kept whole named over them."""
+        assert self.rec is not None
+        curves = data.curves(self.rec, name, legend, **labels)
+        if self.fleet:
+            return charts.bands(chart_id, title, unit, data.bands(self.rec, name, **labels), curves, percent=percent,
+                                bytes_axis=bytes_axis)
+        return charts.lines(chart_id, title, unit, curves, percent=percent, bytes_axis=bytes_axis)
 
     def summary(self) -> str:
         r, rec = self.record, self.rec
@@ -250,10 +262,8 @@ class Builder:
         unit, speed = data.training_throughput(self.rec)
         none = "no rank reported progress (exporter.progress) while recorded"
         return section("Training progress per rank",
-                       self._chart(charts.lines("step", "Step", "step", data.curves(self.rec, "raypulse_train_step",
-                                                                                   data.rank_name)), none),
-                       self._chart(charts.lines("loss", "Loss", "loss", data.curves(self.rec, "raypulse_train_loss",
-                                                                                   data.rank_name)),
+                       self._chart(self._metric("step", "Step", "step", "raypulse_train_step", data.rank_name), none),
+                       self._chart(self._metric("loss", "Loss", "loss", "raypulse_train_loss", data.rank_name),
                                    "no rank reported a loss"),
                        self._chart(charts.lines("throughput", f"Throughput ({unit})", unit, speed), none), grid=True)
 
@@ -281,21 +291,35 @@ class Builder:
     def gpus(self) -> str:
         if self.rec is None:
             return section("GPUs", note("no recording: no GPU curves", "warn"))
-        rec, none = self.rec, "no GPU series were recorded (a node without GPUs, or without NVML)"
+        none = "no GPU series were recorded (a node without GPUs, or without NVML)"
+        kept = sorted({s.labels.get("node", "?") for s in self.rec.select("raypulse_gpu_utilization_ratio") if s.times})
+        shape = note(f"A large cluster: each chart is the fleet's distribution across GPUs (p5-p95 filled, median, "
+                     f"min and max dotted); drawn by name, the nodes kept whole (outliers, faults, --record-nodes): "
+                     f"{', '.join(kept[:40]) or 'none'}" + (f" and {len(kept) - 40} more" if len(kept) > 40 else "")
+                     + ".", "info") if self.fleet else ""
         return section(
-            "GPUs",
-            self._chart(charts.lines("gpu-util", "GPU utilization", "", data.curves(
-                rec, "raypulse_gpu_utilization_ratio", data.gpu_name), percent=True), none),
-            self._chart(charts.lines("gpu-memory", "GPU memory used", "bytes", data.curves(
-                rec, "raypulse_gpu_memory_used_bytes", data.gpu_name), bytes_axis=True), none),
-            self._chart(charts.lines("gpu-power", "GPU power", "W", data.curves(
-                rec, "raypulse_gpu_power_usage_watts", data.gpu_name)), none),
-            self._chart(charts.lines("gpu-temperature", "GPU temperature", "°C", data.curves(
-                rec, "raypulse_gpu_temperature_celsius", data.gpu_name, sensor="gpu")), none), grid=True)
+            "GPUs", shape,
+            self._chart(self._metric("gpu-util", "GPU utilization", "", "raypulse_gpu_utilization_ratio",
+                                     data.gpu_name, percent=True), none),
+            self._chart(self._metric("gpu-memory", "GPU memory used", "bytes", "raypulse_gpu_memory_used_bytes",
+                                     data.gpu_name, bytes_axis=True), none),
+            self._chart(self._metric("gpu-power", "GPU power", "W", "raypulse_gpu_power_usage_watts", data.gpu_name),
+                        none),
+            self._chart(self._metric("gpu-temperature", "GPU temperature", "°C", "raypulse_gpu_temperature_celsius",
+                                     data.gpu_name, sensor="gpu"), none), grid=True)
 
     def nodes(self) -> str:
         if self.rec is None:
             return section("Nodes", note("no recording: no node curves", "warn"))
+        if self.fleet:
+            return section("Nodes",
+                           self._chart(charts.lines("node-cpu", "CPU busy, all nodes", "", data.node_cpu(
+                               self.rec, record_fleet.series_name("raypulse_node_cpu_seconds_total", "sum")),
+                                                    percent=True), "no node CPU series were recorded"),
+                           self._chart(self._metric("node-memory", "Node memory available", "bytes",
+                                                    "raypulse_node_memory_available_bytes", data.node_name,
+                                                    bytes_axis=True), "no node memory series were recorded"),
+                           grid=True)
         return section("Nodes",
                        self._chart(charts.lines("node-cpu", "Node CPU busy", "", data.node_cpu(self.rec),
                                                 percent=True), "no node CPU series were recorded"),

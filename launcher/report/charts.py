@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.report.data import Curve
+from launcher.report.data import Band, Curve
 from launcher.state import RunRecord
 
 STATUS_COLOURS = {"SUCCEEDED": "#2e7d32", "FAILED": "#c62828", "STOPPED": "#757575", "RUNNING": "#1565c0",
@@ -47,6 +47,45 @@ def lines(chart_id: str, title: str, unit: str, found: list[Curve], *, percent: 
         return None
     data = [{"type": "scatter", "mode": "lines+markers" if len(c.x) < 3 else "lines", "name": plain(c.name),
              "x": c.x, "y": [v if math.isfinite(v) else None for v in c.y]} for c in drawn]
+    layout = _layout(title, unit, percent=percent)
+    if bytes_axis:
+        layout["yaxis"]["tickformat"] = ".3s"
+    return Chart(chart_id, title, {"data": data, "layout": layout})
+
+
+BAND_COLOURS = ("#1565c0", "#2e7d32", "#6a1b9a", "#ef6c00")
+OUTLIERS_DRAWN = 12  # named lines over a band: more would hide it (the faults table names every node)
+
+
+def bands(chart_id: str, title: str, unit: str, found: list[Band], outliers: list[Curve], *, percent: bool = False,
+          bytes_axis: bool = False) -> Chart | None:
+    """A large cluster's metric: per band the p5-p95 range filled, the median, min and max dotted; and the
+    nodes kept whole (outliers, faults, asked for) as named lines over it. None when there is no band."""
+    drawn = [b for b in found if b.x]
+    if not drawn:
+        return None
+
+    def ys(values: list[float]) -> list[float | None]:  # 6 significant digits: a 2,000-node week stays light
+        return [float(f"{v:.6g}") if math.isfinite(v) else None for v in values]
+
+    data: list[dict[str, Any]] = []
+    for index, band in enumerate(drawn):
+        colour = BAND_COLOURS[index % len(BAND_COLOURS)]
+        name = plain(band.name)
+        data += [{"type": "scatter", "mode": "lines", "name": f"{name} p5", "x": band.x, "y": ys(band.y["p5"]),
+                  "line": {"width": 0, "color": colour}, "showlegend": False, "legendgroup": name},
+                 {"type": "scatter", "mode": "lines", "name": f"{name} p5-p95", "x": band.x, "y": ys(band.y["p95"]),
+                  "fill": "tonexty", "fillcolor": "rgba(100,140,200,0.3)", "line": {"width": 0, "color": colour},
+                  "legendgroup": name},
+                 {"type": "scatter", "mode": "lines", "name": f"{name} median", "x": band.x, "y": ys(band.y["p50"]),
+                  "line": {"width": 2, "color": colour}, "legendgroup": name},
+                 {"type": "scatter", "mode": "lines", "name": f"{name} min", "x": band.x, "y": ys(band.y["min"]),
+                  "line": {"width": 1, "dash": "dot", "color": colour}, "legendgroup": name},
+                 {"type": "scatter", "mode": "lines", "name": f"{name} max", "x": band.x, "y": ys(band.y["max"]),
+                  "line": {"width": 1, "dash": "dot", "color": colour}, "legendgroup": name}]
+    for curve in [c for c in outliers if c.x][:OUTLIERS_DRAWN]:
+        data.append({"type": "scatter", "mode": "lines+markers" if len(curve.x) < 3 else "lines",
+                     "name": plain(curve.name), "x": curve.x, "y": ys(curve.y)})
     layout = _layout(title, unit, percent=percent)
     if bytes_axis:
         layout["yaxis"]["tickformat"] = ".3s"

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from launcher import record_fleet
 from launcher.recording import Recording, Series
 
 MAX_POINTS = 1500  # per curve: more adds weight to the file and nothing a person can see
@@ -22,13 +23,59 @@ class Curve:
     y: list[float] = field(default_factory=list)
 
 
+def _picks(count: int, limit: int) -> list[int]:
+    """At most `limit` of `count` indices, evenly picked, the last one kept."""
+    if count <= limit:
+        return list(range(count))
+    stride = count / limit
+    return sorted({min(int(i * stride), count - 1) for i in range(limit)} | {count - 1})
+
+
 def thin(curve: Curve, limit: int = MAX_POINTS) -> Curve:
     """At most `limit` points, evenly picked, the last one kept."""
     if len(curve.x) <= limit:
         return curve
-    stride = len(curve.x) / limit
-    picks = sorted({min(int(i * stride), len(curve.x) - 1) for i in range(limit)} | {len(curve.x) - 1})
+    picks = _picks(len(curve.x), limit)
     return Curve(curve.name, [curve.x[i] for i in picks], [curve.y[i] for i in picks])
+
+
+BAND_OPERATIONS = ("min", "p5", "p50", "p95", "max")
+
+
+@dataclass
+class Band:
+    """A large cluster's distribution of one metric over time (record_fleet's series): per time, the
+    fleet's min, p5, median, p95 and max."""
+
+    name: str  # the legend entry (the label set, e.g. `worker`)
+    x: list[float]  # ms since the epoch
+    y: dict[str, list[float]]  # by operation (BAND_OPERATIONS)
+
+
+def is_fleet(rec: Recording) -> bool:
+    """Whether the recording keeps a large cluster's distributions (launcher/record_fleet.py)."""
+    return any(record_fleet.parse_name(s.name) for s in rec.series.values())
+
+
+def bands(rec: Recording, name: str, **labels: str) -> list[Band]:
+    """The fleet's distribution of the sample name `name` (with these label values), one band per label set."""
+    groups: dict[tuple[tuple[str, str], ...], dict[str, Series]] = defaultdict(dict)
+    for series in rec.series.values():
+        parsed = record_fleet.parse_name(series.name)
+        if parsed and parsed[0] == name and parsed[1] in BAND_OPERATIONS and series.times and \
+                all(series.labels.get(k) == v for k, v in labels.items()):
+            groups[tuple(sorted(series.labels.items()))][parsed[1]] = series
+    found = []
+    for key, by_operation in sorted(groups.items()):
+        if set(by_operation) != set(BAND_OPERATIONS):
+            continue
+        times = by_operation["p50"].times
+        values = {op: dict(zip(s.times, s.values, strict=True)) for op, s in by_operation.items()}
+        picks = _picks(len(times), MAX_POINTS)
+        legend = ", ".join(v for k, v in key if k not in ("cluster", "job") and k not in labels) or "fleet"
+        found.append(Band(legend, [times[i] * 1000 for i in picks],
+                          {op: [values[op].get(times[i], float("nan")) for i in picks] for op in BAND_OPERATIONS}))
+    return found
 
 
 def raw(series: Series, name: str, scale: float = 1.0) -> Curve:
@@ -89,9 +136,15 @@ def rate_window(rec: Recording) -> float:
 def training_throughput(rec: Recording) -> tuple[str, list[Curve]]:
     """Samples per second per rank where ranks report samples, else tokens, else steps per second."""
     window = rate_window(rec)
+    fleet = is_fleet(rec)
     for family, unit in (("raypulse_train_samples_total", "samples/s"), ("raypulse_train_tokens_total", "tokens/s"),
                          ("raypulse_train_step", "steps/s")):
-        found = [thin(rate(s, rank_name(s.labels), window)) for s in rec.select(family) if len(s.times) > 1]
+        if fleet:  # every rank's together (a large cluster's record keeps the sum), steps/s as the median rank's
+            operation = "p50" if family == "raypulse_train_step" else "sum"
+            found = [thin(rate(s, f"all ranks ({operation})", window))
+                     for s in rec.select(record_fleet.series_name(family, operation)) if len(s.times) > 1]
+        else:
+            found = [thin(rate(s, rank_name(s.labels), window)) for s in rec.select(family) if len(s.times) > 1]
         if found:
             return unit, sorted(found, key=lambda c: c.name)
     return "steps/s", []
@@ -100,7 +153,7 @@ def training_throughput(rec: Recording) -> tuple[str, list[Curve]]:
 def _by_node(rec: Recording, name: str) -> dict[str, list[Series]]:
     grouped: dict[str, list[Series]] = defaultdict(list)
     for series in rec.select(name):
-        grouped[series.labels.get("node", series.labels.get("instance", "?"))].append(series)
+        grouped[series.labels.get("node", series.labels.get("instance", "all nodes"))].append(series)
     return grouped
 
 
@@ -114,10 +167,15 @@ def _aligned(series: Iterable[Series]) -> dict[float, dict[str, float]]:
     return table
 
 
-def node_cpu(rec: Recording) -> list[Curve]:
-    """Busy share of each node's CPUs: everything but idle, iowait and steal, over all modes."""
+def node_name(labels: dict[str, str]) -> str:
+    return labels.get("node", labels.get("instance", "?"))
+
+
+def node_cpu(rec: Recording, name: str = "raypulse_node_cpu_seconds_total") -> list[Curve]:
+    """Busy share of each node's CPUs: everything but idle, iowait and steal, over all modes (`name`: a
+    large cluster's sum over its nodes, drawn as one curve)."""
     found = []
-    for node, series in sorted(_by_node(rec, "raypulse_node_cpu_seconds_total").items()):
+    for node, series in sorted(_by_node(rec, name).items()):
         busy = Curve(f"{node}")
         table = sorted(_aligned(series).items())
         for (t0, a), (t1, b) in itertools.pairwise(table):

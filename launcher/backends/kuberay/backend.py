@@ -60,7 +60,8 @@ def _watched(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str
         assert record is not None
         recorder = recording.start(record.directory, scrape_targets(targets, namespace, cluster),
                                    interval=spec.record_interval, meta={"run_id": record.run_id},
-                                   notify=lambda kind, details: journal.emit(kind, **details))
+                                   notify=lambda kind, details: journal.emit(kind, **details),
+                                   record_nodes=frozenset(spec.record_nodes))
     return healing, recorder
 
 
