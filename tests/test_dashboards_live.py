@@ -260,9 +260,7 @@ def scenario() -> Iterator[Scenario]:
                            'ALERTS{alertstate="firing", scope="gpu"}',
                            'ALERTS{scope=~"training|job"}'):
                 wait_for(url, promql, promql)
-            time.sleep(12)  # rates over the rate interval, and a few more scrapes of everything
-            results = livecheck.run(url, {"cluster": record.name}, window=240, step=2, rate_interval="6s")
-            yield Scenario(url, record.name, results)
+            yield Scenario(url, record.name, settled(url, record.name))
         finally:
             stop_file.touch()
             if handle is not None:
@@ -281,20 +279,42 @@ def ours_absent(result: livecheck.Result) -> set[str]:
     return set(result.absent) - set(node_exporter.FAMILIES)
 
 
+def not_here(result: livecheck.Result) -> bool:
+    """An empty query that reads only families this host cannot have (NOT_ON_THIS_HOST)."""
+    return not result.series and bool(ours_absent(result)) and ours_absent(result) <= set(NOT_ON_THIS_HOST)
+
+
+def failing(results: list[livecheck.Result]) -> list[livecheck.Result]:
+    """The queries that erred, or returned nothing that this host could have given them."""
+    return [r for r in results if r.error or (not r.series and not not_here(r))]
+
+
+def settled(url: str, cluster: str, timeout: float = 90.0) -> list[livecheck.Result]:
+    """Every dashboard query of the cluster, once none fails: a rate needs two scrapes within its interval
+    after its series appeared, so this polls instead of sleeping; at the deadline, the results as they stand
+    (the tests then name what stayed empty)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        results = livecheck.run(url, {"cluster": cluster}, window=240, step=2, rate_interval="6s")
+        if not failing(results) or time.monotonic() > deadline:
+            return results
+        time.sleep(2)
+
+
 def test_every_dashboard_query_returns_data(scenario, capsys):
     results = scenario.results
     empty = [r for r in results if not r.series]
-    not_here = [r for r in empty if ours_absent(r) and ours_absent(r) <= set(NOT_ON_THIS_HOST)]
+    absent_here = [r for r in empty if not_here(r)]
     panels = {(r.dashboard, r.panel) for r in results}
     with capsys.disabled():  # the counts belong in the test log, passed or not
         print("\n" + livecheck.summary(results))
         print(f"live check: {len(panels)} panels, {len(results)} queries; {len(results) - len(empty)} returned data; "
-              f"{len(not_here)} read only families this host cannot have: "
-              + ", ".join(sorted({f"{f} ({NOT_ON_THIS_HOST[f]})" for r in not_here for f in ours_absent(r)})))
+              f"{len(absent_here)} read only families this host cannot have: "
+              + ", ".join(sorted({f"{f} ({NOT_ON_THIS_HOST[f]})" for r in absent_here for f in ours_absent(r)})))
     assert not [r for r in results if r.error], [f"{r.name}: {r.error}" for r in results if r.error]
-    failing = [r for r in empty if r not in not_here]
-    assert not failing, "panels without data:\n" + "\n".join(f"{r.name}: {r.expr} absent={r.absent}"
-                                                             for r in failing)
+    without_data = [r for r in empty if r not in absent_here]
+    assert not without_data, "panels without data:\n" + "\n".join(f"{r.name}: {r.expr} absent={r.absent}"
+                                                                  for r in without_data)
 
 
 def test_a_variable_narrows_the_queries(scenario):

@@ -3,7 +3,9 @@ and its phases, the backoff and the teardown, sent to a real OTLP/HTTP receiver;
 the audit log, the run record, the Ray job metadata and the job's TRACEPARENT; and a hanging
 endpoint that costs a bounded few seconds and never the job.
 
-The two end-to-end tests start local Ray clusters: run under `flock /tmp/raypulse-ray.lock`.
+The two end-to-end tests run on local Ray clusters (the retried run on one of its own, whose start and
+teardown it traces; the hanging endpoint's on tests/conftest.py's shared cluster): run under
+`flock /tmp/raypulse-ray.lock`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from launcher.run import job_metadata, runtime_env
 from launcher.spec import JobSpec, SpecError, build_spec
 from launcher.tracing import FLUSH_TIMEOUT_S, AttemptSpan, RunTrace, traces_url
 from tests.conftest import free_port
-from tests.launcher_support import audit_actions, free_base, launcher, status_json
+from tests.launcher_support import SharedCluster, audit_actions, free_base, launcher, status_json
 from tests.otlp_receiver import OtlpReceiver
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -187,28 +189,26 @@ def test_a_retried_run_is_one_trace_with_its_attempts(tmp_path: Path):
 
 @pytest.mark.ray
 @pytest.mark.timeout(300)
-def test_a_hanging_endpoint_leaves_the_job_alone(tmp_path: Path):
+def test_a_hanging_endpoint_leaves_the_job_alone(shared_cluster: SharedCluster):
     receiver = OtlpReceiver(mode="hang").start()
-    exporter_port, progress_port = free_base(2)
-    # The endpoint from the standard variable this time; the cluster is kept to read the job metadata.
-    result = launcher("submit", "--name", "hung", "--run-id", "hung-1", "--keep-cluster", "--exporter-port",
-                      str(exporter_port), "--progress-port", str(progress_port), "--", "echo done", home=tmp_path,
+    shared_cluster.record()
+    home = shared_cluster.home
+    # The endpoint from the standard variable this time; the run goes into the shared kept cluster, where its
+    # job metadata stays to be read back.
+    result = launcher("submit", "--cluster", SharedCluster.name, "--run-id", "hung-1", "--", "echo done", home=home,
                       OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url)
     exited = time.time()
-    try:
-        assert result.returncode == 0, result.stderr
-        assert "done" in result.stdout
-        assert "the run's trace did not all reach" in result.stderr  # one warning, at the end
-        assert "Failed to export" not in result.stderr  # not the SDK's, batch after batch
-        # The run's end to the process's: the bounded flush and Python's exit, nothing more.
-        [finish] = [line for line in audit_actions(tmp_path) if line["action"] == "run.finish"]
-        assert exited - finish["unix_time"] < FLUSH_TIMEOUT_S + 6
-        trace_id = status_json("hung-1", tmp_path)["trace_id"]
-        assert HEX32.match(trace_id)
-        assert finish["trace_id"] == trace_id
-        # The Ray job metadata, read back from the cluster, has the same trace id.
-        assert status_json("hung-1", tmp_path, "--cluster", "hung-1")["trace_id"] == trace_id
-        assert receiver.traces == []
-    finally:
-        down = launcher("down", "hung-1", home=tmp_path)
-        assert down.returncode == 0, down.stderr
+    assert result.returncode == 0, result.stderr
+    assert "done" in result.stdout
+    assert "the run's trace did not all reach" in result.stderr  # one warning, at the end
+    assert "Failed to export" not in result.stderr  # not the SDK's, batch after batch
+    # The run's end to the process's: the bounded flush and Python's exit, nothing more.
+    [finish] = [line for line in audit_actions(home)
+                if line["action"] == "run.finish" and line.get("run_id") == "hung-1"]
+    assert exited - finish["unix_time"] < FLUSH_TIMEOUT_S + 6
+    trace_id = status_json("hung-1", home)["trace_id"]
+    assert HEX32.match(trace_id)
+    assert finish["trace_id"] == trace_id
+    # The Ray job metadata, read back from the cluster, has the same trace id.
+    assert status_json("hung-1", home, "--cluster", SharedCluster.name)["trace_id"] == trace_id
+    assert receiver.traces == []
