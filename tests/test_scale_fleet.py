@@ -61,7 +61,8 @@ def test_a_recorder_round_records_every_node_and_an_unchanged_one_costs_304s(fle
                                                                           monkeypatch: pytest.MonkeyPatch):
     fake, _ = fleet
     monkeypatch.setattr(recording, "ROUND_READS_S", DEADLINE_S)
-    recorder = recording.Recorder(tmp_path, fake.sd, interval=3600)
+    # Every node's own series, as below record_fleet's size (tests/test_recording_budget.py has the fleet's shape)
+    recorder = recording.Recorder(tmp_path, fake.sd, interval=3600, fleet_nodes=NODES)
     recorder.record_once()
     before = fake.counts()["not_modified"]
     recorder.record_once()  # nothing changed: every request of every node is a 304
