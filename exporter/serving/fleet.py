@@ -88,7 +88,6 @@ class FleetGatherer:
         self._asked_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._first_round = asyncio.Event()
-        self.rounds_seconds: float | None = None  # the last round's wall time
 
     # --- serving -------------------------------------------------------------------------------------
 
@@ -152,7 +151,6 @@ class FleetGatherer:
                     await self._round(session)
                 except Exception:  # a round that fails is logged; the next one tries again
                     log.exception("a round of reading the nodes' health digests failed")
-                self.rounds_seconds = loop.time() - began
                 self._first_round.set()
                 await asyncio.sleep(max(0.0, self.interval - (loop.time() - began)))
         finally:
