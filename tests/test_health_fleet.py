@@ -269,3 +269,31 @@ def test_nodes_the_head_lists_under_one_name_are_told_apart_by_their_exporter(fl
     reads = fleet_reader(fleet).read(3.0, 1.0)
     assert reads is not None
     assert sorted(read.target.node for read in reads) == sorted(f"10.0.0.5 ({node.address})" for node in (one, two))
+
+
+def test_the_head_answers_healthz_while_its_gathering_is_busy(fleet: Fleet):
+    """The gathering has a thread of its own: a round held up (here, its listing of the nodes blocked) keeps
+    neither /healthz nor /metrics waiting on the exporter's loop."""
+    import threading
+
+    head = fleet.head.exporter
+    released, entered = threading.Event(), threading.Event()
+    listing = head.fleet.gatherer._listing
+
+    def held_listing() -> list[tuple[str, str]] | None:
+        entered.set()
+        released.wait(30)
+        return listing()
+
+    head.fleet.gatherer._listing = held_listing
+    asked = threading.Thread(target=get, args=(fleet.head.url + wire.FLEET_PATH,))
+    asked.start()
+    try:
+        assert entered.wait(20), "the head never began a round"
+        assert get(fleet.head.url + "/healthz")[0] == 200  # urllib's own 10 s timeout: a blocked loop fails here
+        assert get(fleet.head.url + "/metrics")[0] == 200
+    finally:
+        released.set()
+        asked.join(30)
+    status, body, _ = get(fleet.head.url + wire.FLEET_PATH)
+    assert status == 200 and b'"nodes":[' in body

@@ -12,6 +12,10 @@ Each entry carries the number of the change that last made it what it is (one se
 fleet, so a document served in the middle of a round misses nothing of the rest of it);
 `?since=CURSOR` answers only the entries changed after that cursor (the whole list when the nodes
 listed changed since, or the cursor is of another process or unknown). Documents are joined and compressed off the loop.
+
+The gathering runs on a thread and an event loop of its own (FleetThread, started at the first ask): a
+round handles thousands of answers, and on the exporter's own loop each of them is a wait for /healthz,
+/metrics and the progress reports. Here they wait at most for the interpreter's switch interval.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import json
 import logging
 import resource
 import secrets
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,10 +96,14 @@ class FleetGatherer:
 
     # --- serving -------------------------------------------------------------------------------------
 
-    async def document(self, since: int | None, generation: str | None, gzipped: bool) -> bytes:
-        """The fleet document for a reader whose last answer had `since` as its cursor; starts the rounds."""
+    async def document(self, since: int | None, generation: str | None, gzipped: bool,
+                       interval: float | None = None) -> bytes:
+        """The fleet document for a reader whose last answer had `since` as its cursor; starts the rounds
+        (a round every `interval` seconds from now on, at least MIN_GATHER_INTERVAL_S; None: as before)."""
         loop = asyncio.get_running_loop()
         self._asked_at = loop.time()
+        if interval is not None:
+            self.interval = max(MIN_GATHER_INTERVAL_S, interval)
         if self._task is None or self._task.done():  # the first ask, or the first since the rounds stopped
             self._forget_all()  # what was read before is stale: never served as now
             self._task = asyncio.create_task(self._run(), name="fleet-gatherer")
@@ -232,6 +241,40 @@ class FleetGatherer:
         self._changes += 1
         node.body, node.error, node.answered, node.etag, node.rev = body, error, answered, etag, self._changes
         node.render()
+
+
+class FleetThread:
+    """A FleetGatherer on a thread and event loop of its own, asked from the exporter's loop. The thread
+    starts at the first ask (an exporter that is not the head never starts one) and is a daemon: an exporter
+    that ends without `close()` is not held up by it."""
+
+    def __init__(self, gatherer: FleetGatherer) -> None:
+        self.gatherer = gatherer
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()
+
+    async def document(self, since: int | None, generation: str | None, gzipped: bool,
+                       interval: float | None = None) -> bytes:
+        return await self._on_thread(self.gatherer.document(since, generation, gzipped, interval))
+
+    async def close(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        await self._on_thread(self.gatherer.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        await asyncio.to_thread(self._thread.join)
+        self._loop.close()
+        self._loop = self._thread = None
+
+    async def _on_thread(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        with self._starting:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=self._loop.run_forever, name="fleet-gatherer", daemon=True)
+                self._thread.start()
+        # Cancelled here (the asker went away), it is cancelled there too.
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self._loop))
 
 
 async def _get(session: aiohttp.ClientSession, node: _Node) -> tuple[bytes | None, str | None, str | None]:

@@ -45,7 +45,7 @@ from exporter.progress.endpoint import ProgressEndpoint
 from exporter.serving import httplog
 from exporter.serving.digest import DigestCache
 from exporter.serving.exposition import Format, Publisher
-from exporter.serving.fleet import MIN_GATHER_INTERVAL_S, FleetGatherer, listing_of
+from exporter.serving.fleet import FleetGatherer, FleetThread, listing_of
 from exporter.serving.guard import Guard, GuardedTCPSite, runner_options
 from exporter.serving.nodeexporter_sd import node_exporter_groups
 
@@ -97,7 +97,7 @@ class Exporter:
                                          logger=httplog.LOGGER)
         self.publisher: Publisher | None = None
         self.digests: DigestCache | None = None
-        self.fleet = FleetGatherer(self._fleet_listing)
+        self.fleet = FleetThread(FleetGatherer(self._fleet_listing))
         self.scheduler: Scheduler | None = None
         self._runner: web.AppRunner | None = None
         self._publisher_task: asyncio.Task[None] | None = None
@@ -251,16 +251,16 @@ class Exporter:
             return web.Response(status=400, text=f"{wire.FLEET_SINCE_PARAM}: a cursor is a whole number, as a "
                                                  "document's `cursor` gave it\n")
         try:
-            interval = float(request.query.get(wire.FLEET_INTERVAL_PARAM, self.fleet.interval))
+            interval = float(request.query[wire.FLEET_INTERVAL_PARAM]) \
+                if wire.FLEET_INTERVAL_PARAM in request.query else None
         except ValueError:
             interval = math.nan
-        if not 0 < interval <= 3600:
+        if interval is not None and not 0 < interval <= 3600:
             return web.Response(status=400, text=f"{wire.FLEET_INTERVAL_PARAM}: seconds between checks, more than 0 "
                                                  "and at most 3600\n")
-        self.fleet.interval = max(MIN_GATHER_INTERVAL_S, interval)
         gzipped = gzip_accepted(request.headers.get("Accept-Encoding", ""))
         body = await self.fleet.document(int(since_text) if since_text is not None else None,
-                                         request.query.get(wire.FLEET_GENERATION_PARAM), gzipped)
+                                         request.query.get(wire.FLEET_GENERATION_PARAM), gzipped, interval)
         headers = {"Cache-Control": "no-store", "Vary": "Accept-Encoding"}
         if gzipped:
             headers["Content-Encoding"] = "gzip"
