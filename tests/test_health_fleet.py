@@ -297,3 +297,40 @@ def test_the_head_answers_healthz_while_its_gathering_is_busy(fleet: Fleet):
         asked.join(30)
     status, body, _ = get(fleet.head.url + wire.FLEET_PATH)
     assert status == 200 and b'"nodes":[' in body
+
+
+def test_what_a_round_leaves_is_kept_out_of_the_collectors_walks_and_a_cycle_in_it_is_still_freed(monkeypatch):
+    """The gatherer freezes what survives its rounds (the kept connections: a full collection's pause at
+    10,000 nodes) and unfreezes and collects every UNFREEZE_EVERY_S (here every round), so a cycle that
+    was frozen is freed; a gatherer that stops leaves nothing frozen. The collector's own runs are off
+    here: only the gatherer's collection can free the cycle."""
+    import gc
+    import weakref
+
+    from exporter.serving import fleet as fleet_module
+
+    class Cycle:
+        pass
+
+    def frozen(thing: object) -> bool:
+        return not any(tracked is thing for tracked in gc.get_objects())  # generations 0-2, not the frozen
+
+    monkeypatch.setattr(fleet_module, "UNFREEZE_EVERY_S", 0.0)
+    gc.disable()
+    try:
+        with Fleet(["workers-0"]) as running:
+            assert get(running.head.url + wire.FLEET_PATH + "?interval=1")[0] == 200
+            cycle = Cycle()
+            cycle.me = cycle  # type: ignore[attr-defined]
+            freed = weakref.ref(cycle)
+            deadline = time.monotonic() + 30
+            while not frozen(cycle):
+                assert time.monotonic() < deadline, "no round froze what it left"
+                time.sleep(0.2)
+            del cycle
+            while freed() is not None:
+                assert time.monotonic() < deadline, "a cycle frozen by a round was never freed"
+                time.sleep(0.2)
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
