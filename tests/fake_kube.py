@@ -20,6 +20,11 @@ pod labelled `ray.io/cluster=<status.rayClusterName>` on the first node that is 
 (spec.unschedulable), and the pod proxy (`pods/<pod>:<port>/proxy/<path>`) forwards to that node's server
 as the API server does (503 when nothing answers). Nodes are cluster-scoped objects (get, merge-patch). A
 RayJob deleted and applied again under the same name goes on with its script's next attempt.
+
+Outages (`outage(seconds)`): every request answers 503 ServiceUnavailable and the open watches end, as a
+kube-apiserver behind its load balancer does while it restarts (the client sees a closed stream, then
+503s or refused connections); KubeRay's controller goes on meanwhile (the RayJobs' scripts keep running),
+so a watch opened again afterwards from a known resourceVersion gets only what changed since.
 """
 
 from __future__ import annotations
@@ -138,6 +143,8 @@ class FakeApiServer:
         self.watches = 0  # watch requests served
         self._compacted = 0  # a watch from a resourceVersion older than this answers 410 Gone (compact())
         self.expired = 0  # watches answered 410 Gone
+        self._down_until = 0.0  # monotonic time an outage ends (outage())
+        self.refused = 0  # requests answered 503 during outages
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -188,6 +195,21 @@ class FakeApiServer:
                 "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "compacted", "namespace": namespace}})
 
         asyncio.run_coroutine_threadsafe(compact(), self._loop).result(10)
+
+    def outage(self, seconds: float) -> None:
+        """From now on for `seconds`: every request 503, the open watches closed."""
+        self._down_until = time.monotonic() + seconds
+
+        async def wake() -> None:  # the open watches see the outage and end
+            assert self._changed is not None
+            async with self._changed:
+                self._changed.notify_all()
+
+        asyncio.run_coroutine_threadsafe(wake(), self._loop).result(10)
+
+    @property
+    def down(self) -> bool:
+        return time.monotonic() < self._down_until
 
     def admit(self, namespace: str, name: str) -> None:
         """Kueue admits a queued RayJob: spec.suspend false."""
@@ -356,6 +378,9 @@ class FakeApiServer:
         body = await request.json() if request.can_read_body else None
         path = request.path.rstrip("/")
         self.requests.append((request.method, request.path, body))
+        if self.down:
+            self.refused += 1
+            return self._error(503, "ServiceUnavailable", "the server is currently unable to handle the request")
         if request.headers.get("Authorization", "").removeprefix("Bearer ").removeprefix("bearer ") != self.token:
             return self._error(401, "Unauthorized", "Unauthorized")
         if path == "/version":
@@ -447,7 +472,7 @@ class FakeApiServer:
             since = self._version
         deadline = time.monotonic() + limit
         assert self._changed is not None
-        while (left := deadline - time.monotonic()) > 0:
+        while (left := deadline - time.monotonic()) > 0 and not self.down:
             for version, where, kind, obj in [event for event in self._history if event[0] > since]:
                 since = version
                 if where == collection and _matches(obj, query.get("fieldSelector"), None):

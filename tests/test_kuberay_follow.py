@@ -11,6 +11,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -254,3 +255,31 @@ def test_a_run_left_with_no_wait_is_followed_again_by_its_run_id(env: dict[str, 
     assert "following the one applied before" in result.stderr
     run = record(env, "again-1")
     assert (run["state"], run["exit_code"], run["detached"]) == ("SUCCEEDED", 0, False)
+
+
+def test_an_api_server_outage_shorter_than_the_loss_limit_leaves_the_run_followed(env: dict[str, str],
+                                                                                   api_server: FakeApiServer):
+    """The API server fails every call for a few seconds while the RayJob trains on, unchanged. Once it
+    answers again the run is followed as before: a watch opened again from a known version is quiet while
+    nothing changes, which is no sign of a lost server (it ended such runs as lost, exit 5, once the loss
+    limit passed). The run then stops as asked."""
+    from launcher.run import LOST_AFTER_S
+
+    api_server.scripts["blip-1"] = [Attempt("HOLD", ["training"])]
+    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
+                                "blip-1", "--", "python train.py"], cwd=REPO, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: _running(env, "blip-1"), 60, "the RayJob to run")
+        api_server.outage(3)
+        wait_until(lambda: api_server.refused > 0, 30, "the follower to meet the outage")
+        began = time.monotonic()
+        while time.monotonic() - began < LOST_AFTER_S + 5:  # past the loss limit, the RayJob unchanged all along
+            assert process.poll() is None, process.stderr.read()
+            time.sleep(0.5)
+        assert launcher(env, "stop", "blip-1").returncode == 0
+        assert process.wait(60) == 3, process.stderr.read()
+    finally:
+        process.kill()
+    run = record(env, "blip-1")
+    assert (run["state"], run["exit_code"]) == ("STOPPED", 3)

@@ -276,6 +276,11 @@ class RayJobAttempts:
             except BadInput as exc:
                 self._refused = exc
 
+    def _answered(self) -> None:
+        """The API server answered again: it is not lost (whatever the RayJob did meanwhile comes by the watch)."""
+        with self._taking:
+            self._lost = None
+
     def _take(self, kind: str, obj: dict[str, Any]) -> None:
         """One version of the RayJob, as the attempts' views and the run's end. BadInput for ValidationFailed
         (the RayJob is deleted)."""
@@ -347,8 +352,17 @@ class RayJobAttempts:
         from kubernetes.client.rest import ApiException
 
         version: str | None = None
+        failed = False  # the last call failed: the server is lost until one answers
         while not self.finished.is_set() and generation == self._generation:
             try:
+                if failed and version is not None:
+                    # A watch opened again from a known version is quiet while the RayJob is unchanged, for up
+                    # to WATCH_SECONDS: a one-object list says at once that the server answers again. Its object
+                    # is not taken in: the watch from `version` brings every change since, in order.
+                    self.custom.list_namespaced_custom_object(
+                        GROUP, VERSION, self.namespace, PLURAL, field_selector=f"metadata.name={self.name}")
+                    self._answered()
+                failed = False
                 if version is None:  # a fresh read: the object now, and the list's version to watch from
                     # (the object's own resourceVersion may be older than the server's compacted history)
                     listed = self.custom.list_namespaced_custom_object(
@@ -376,9 +390,11 @@ class RayJobAttempts:
                     self._put((generation, "DELETED", {}))
                     return
                 self._put(exc)
+                failed = True
                 time.sleep(1)
             except Exception as exc:  # noqa: BLE001 - the loop decides when a lost server ends the run
                 self._put(exc)
+                failed = True
                 time.sleep(1)
 
     def _gone(self) -> bool:
