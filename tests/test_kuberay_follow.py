@@ -283,3 +283,48 @@ def test_an_api_server_outage_shorter_than_the_loss_limit_leaves_the_run_followe
         process.kill()
     run = record(env, "blip-1")
     assert (run["state"], run["exit_code"]) == ("STOPPED", 3)
+
+
+def test_a_stop_asked_during_an_outage_is_carried_out_once_the_server_answers(env: dict[str, str],
+                                                                             api_server: FakeApiServer):
+    """The delete that a stop needs meets 503s: it is asked again (the server's trouble, not the request's)
+    until the server answers, within the loss limit; the run then stops as asked, not as bad input."""
+    api_server.scripts["stop-blip-1"] = [Attempt("HOLD", ["training"])]
+    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
+                                "stop-blip-1", "--", "python train.py"], cwd=REPO, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: _running(env, "stop-blip-1"), 60, "the RayJob to run")
+        api_server.outage(6)
+        assert launcher(env, "stop", "stop-blip-1").returncode == 0  # the request is the run's own file
+        wait_until(lambda: any(method == "DELETE" for method, _, _ in api_server.requests[-50:]) or
+                   not api_server.down, 30, "the follower to ask for the delete")
+        assert process.wait(90) == 3, process.stderr.read()
+    finally:
+        process.kill()
+    assert api_server.rayjob(NAMESPACE, "stop-blip-1") is None
+    assert record(env, "stop-blip-1")["state"] == "STOPPED"
+
+
+def test_the_servers_trouble_is_infrastructure_and_the_requests_fault_is_bad_input():
+    """As Kubernetes clients classify a failed call: 429, 5xx and lost connections are the server's (retried,
+    then the run is lost: exit 5); any other 4xx is the request's, with its fix (exit 2)."""
+    from kubernetes.client.rest import ApiException
+    from urllib3.exceptions import ProtocolError
+
+    from launcher.backends.kuberay.access import KubeAccess, api_error, transient
+    from launcher.errors import BadInput, InfraError
+
+    access = KubeAccess(api_client=None, namespace="team-a", server="https://k8s.example:6443", context="team")
+
+    def failed(status: int, reason: str) -> ApiException:
+        return ApiException(status=status, reason=reason)
+
+    for server_side in (failed(500, "Internal Server Error"), failed(503, "Service Unavailable"),
+                        failed(429, "Too Many Requests")):
+        assert transient(server_side)
+        assert isinstance(api_error(server_side, access, "delete rayjobs", "team-a"), InfraError)
+    assert transient(ProtocolError("Connection aborted."))
+    for own in (failed(403, "Forbidden"), failed(422, "Unprocessable Entity"), failed(400, "Bad Request")):
+        assert not transient(own)
+        assert isinstance(api_error(own, access, "create rayjobs", "team-a"), BadInput)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import BadInput
+from launcher.errors import BadInput, InfraError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -238,13 +238,29 @@ def rayjob_crd_missing(exc: Any) -> bool:
     return not (status and (status.get("details") or {}).get("kind"))
 
 
-def api_error(exc: Any, access: KubeAccess, action: str, namespace: str) -> BadInput:
-    """An ApiException (or connection error) of `action` ("create rayjobs") as one line with the fix."""
+def transient(exc: Any) -> bool:
+    """Whether a failed call is the server's trouble, worth asking again, as Kubernetes clients take it
+    (client-go's retry: 429 Too Many Requests, 5xx, a connection that failed), not the request's."""
+    from kubernetes.client.rest import ApiException
+    from urllib3.exceptions import HTTPError
+
+    if isinstance(exc, ApiException):
+        return exc.status == 429 or exc.status >= 500
+    return isinstance(exc, (HTTPError, OSError))
+
+
+def api_error(exc: Any, access: KubeAccess, action: str, namespace: str) -> BadInput | InfraError:
+    """An ApiException (or connection error) of `action` ("create rayjobs") as one line with the fix: the
+    request's fault (4xx: bad input) or the server's (429, 5xx: infrastructure)."""
     from kubernetes.client.rest import ApiException
 
     if not isinstance(exc, ApiException) or not exc.status:  # status 0: TLS failed
         return unreachable(access, exc)
     where = access.where()
+    if exc.status == 429 or exc.status >= 500:
+        message = (_status(exc) or {}).get("message") or exc.reason
+        return InfraError(f"kubernetes: {where} failed {action} in namespace {namespace} ({exc.status} "
+                          f"{exc.reason}): {message}")
     if exc.status == 401:
         return unauthorised(access)
     if exc.status == 403:

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.backends.base import RunEnds, Seen, Submission
 from launcher.backends.kuberay import render as kuberay
-from launcher.backends.kuberay.access import KubeAccess, api_error, kube_api
+from launcher.backends.kuberay.access import KubeAccess, api_error, kube_api, transient
 from launcher.backends.kuberay.render import KUEUE_QUEUE_LABEL
-from launcher.errors import BadInput
+from launcher.errors import BadInput, InfraError
 from launcher.jobs import ClusterLost
 from launcher.journal import Journal
-from launcher.run import finish_run
+from launcher.run import LOST_AFTER_S, finish_run
 from launcher.state import RunRecord
 
 if TYPE_CHECKING:
@@ -422,16 +422,33 @@ class RayJobAttempts:
             propagation_policy="Foreground" if foreground else "Background"))
 
     def _call(self, action: str, call: Any) -> None:
+        """A change the run needs (a delete, a suspend): asked again while the server's trouble lasts (429,
+        5xx, a lost connection), up to the loss limit; then the run ends as lost (InfraError), the request's
+        own fault (4xx) at once as bad input."""
         from kubernetes.client.rest import ApiException
-        from urllib3.exceptions import HTTPError
 
-        try:
-            call()
-        except ApiException as exc:
-            if exc.status != 404:  # gone already is what was asked
-                raise api_error(exc, self.access, action, self.namespace) from None
-        except HTTPError as exc:
-            raise api_error(exc, self.access, action, self.namespace) from None
+        lost_at = time.monotonic() + LOST_AFTER_S
+        while True:
+            try:
+                call()
+                return
+            except ApiException as exc:
+                if exc.status == 404:  # gone already is what was asked
+                    return
+                error: Exception = exc
+            except Exception as exc:  # noqa: BLE001 - classified below: a connection error is the server's
+                error = exc
+            if not transient(error):
+                raise api_error(error, self.access, action, self.namespace) from None
+            if time.monotonic() >= lost_at:
+                raise InfraError(f"kubernetes: {self.access.server} did not answer {action} in namespace "
+                                 f"{self.namespace} for {LOST_AFTER_S:.0f}s ({_short(error)})") from None
+            time.sleep(POLL_S)
+
+
+def _short(exc: BaseException) -> str:
+    status = getattr(exc, "status", None)
+    return f"{status} {getattr(exc, 'reason', '')}".strip() if status else type(exc).__name__
 
 
 # --- runs nothing follows (--no-wait, a launcher that was killed) ----------------------------------
