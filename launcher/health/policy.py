@@ -38,7 +38,12 @@ class HealthPolicy(Strict):
     check_interval_seconds: float = Field(10.0, ge=0.5, le=600,
                                           description="how often the watcher reads the exporters")
     hang_after_seconds: float = Field(HANG_AFTER_SECONDS, gt=0, description=(
-        "a job that reports progress is hung when no rank advanced for this long (the alert rule's threshold)"))
+        "a job that reports progress is hung when no rank advanced for this long (the alert rule's threshold); with "
+        "adaptive_hang, the most the learned threshold may be"))
+    adaptive_hang: bool = Field(True, description=(
+        "learn the hang threshold from the run: 10 times the p99 interval between its progress reports once 20 "
+        "were seen (at least 60 s, at most hang_after_seconds), and per RL phase from that phase's own durations "
+        "(docs/healing.md); off: hang_after_seconds always"))
     silence_after_seconds: float = Field(SILENCE_AFTER_SECONDS, gt=0, description=(
         "a job that reports no progress is hung when none of its processes (driver and workers) wrote "
         "any output for this long"))
