@@ -30,6 +30,7 @@ from launcher.health.faults import Attempt, Fault, Progress
 from launcher.health.fleet import FleetReader
 from launcher.health.policy import FaultClass, HealthPolicy
 from launcher.health.remedy import NodeRemedy
+from launcher.health.threshold import Threshold
 from launcher.health.watcher import Watcher
 from launcher.journal import Journal
 from launcher.raydash import RayDashboard
@@ -89,6 +90,7 @@ class Healing:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._slow_said = False
+        self._thresholds_said: dict[str | None, Threshold] = {}  # by phase (None: between reports)
 
     # --- an attempt's life ---------------------------------------------------------------------------
 
@@ -242,7 +244,8 @@ class Healing:
         if result.back:
             self.journal.emit("health.exporter_back", attempt=attempt.number, node=result.back[0],
                               count=len(result.back), nodes=result.back[:NAMED])
-        self._note_progress(attempt.number, result.progress)
+        self._note_thresholds(attempt.number)
+        self._note_progress(attempt.number, result.progress, result.threshold)
         for fault in result.faults:
             action = self.policy.action(fault.kind)
             self.journal.emit("health.fault", attempt=attempt.number, fault=fault.kind.value, summary=fault.summary,
@@ -365,7 +368,20 @@ class Healing:
 
     # --- progress ------------------------------------------------------------------------------------
 
-    def _note_progress(self, attempt: int, seen: Progress | None) -> None:
+    def _note_thresholds(self, attempt: int) -> None:
+        """A hang threshold (between reports, or an RL phase's) that changed its rule or by a tenth: an
+        event (`launcher status` shows the latest). Each changes rarely: a phase's grows with its longest
+        duration, the one between reports settles once its intervals are seen."""
+        for threshold in self.watcher.learner.learned(self.policy):
+            said = self._thresholds_said.get(threshold.phase)
+            if said is not None and said.rule == threshold.rule and \
+                    abs(said.seconds - threshold.seconds) < 0.1 * said.seconds:
+                continue
+            self._thresholds_said[threshold.phase] = threshold
+            self.journal.emit("health.threshold", attempt=attempt, seconds=round(threshold.seconds, 1),
+                              rule=threshold.rule, basis=threshold.basis, phase=threshold.phase)
+
+    def _note_progress(self, attempt: int, seen: Progress | None, threshold: Threshold | None = None) -> None:
         """Keep the attempt's first and newest step (the effective training time comes from them); the
         first step of the attempt after a healed fault ends the recovery. The first step and its time
         are the job's own (the exporters serve each rank's first step of the attempt), not when a check
@@ -385,7 +401,8 @@ class Healing:
                 item.first_step = min(seen.step.values())
                 item.first_step_at = min(seen.last_report.values(), default=newest)
         item.last_step, item.last_progress_at = step, newest
-        report: dict[str, Any] = {"effective_training_ratio": self.effective_training_ratio()}
+        report: dict[str, Any] = {"effective_training_ratio": self.effective_training_ratio(),
+                                  "hang_threshold_seconds": round(threshold.seconds, 1) if threshold else None}
         pending = self.pending
         if pending is not None and pending.fault is not self.stopped_by:
             self.pending = None

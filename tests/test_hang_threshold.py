@@ -5,11 +5,15 @@ check (launcher/health/watcher.py): reads made from expositions written the way 
 
 from __future__ import annotations
 
+from launcher.cli import _status_text
+from launcher.display import PlainReporter
 from launcher.health import faults as found
 from launcher.health.exporters import NodeRead, Target, parse
 from launcher.health.faults import Attempt, Baseline, Fault
 from launcher.health.policy import HANG_AFTER_SECONDS, FaultClass, HealthPolicy
 from launcher.health.threshold import FLOOR_S, MIN_INTERVALS, PHASE_MIN_SEEN, HangLearner, Threshold
+from launcher.journal import Journal
+from launcher.state import RunRecord
 
 SID = "run-1-a1"
 START = 1_000_000.0
@@ -162,3 +166,19 @@ def test_a_phase_seen_too_few_times_is_judged_by_the_configured_threshold():
     quiet, threshold = run.quiet_until_hang()
     assert (threshold.rule, threshold.seconds) == ("fixed", HANG_AFTER_SECONDS)
     assert quiet > HANG_AFTER_SECONDS
+
+
+def test_launcher_status_shows_the_thresholds_in_force(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYPULSE_HOME", str(tmp_path))
+    record = RunRecord(run_id="r-1", name="r", backend="local", max_attempts=3)
+    journal = Journal(PlainReporter(), record)
+    run = Run()
+    for check in range(MIN_INTERVALS + 2):
+        run.steps(10.0, each=0.2)
+        run.check()
+        for threshold in run.learner.learned(run.policy):
+            if check in (0, MIN_INTERVALS + 1):  # as the healing loop says them: when they change
+                journal.emit("health.threshold", attempt=1, seconds=threshold.seconds, rule=threshold.rule,
+                             basis=threshold.basis, phase=threshold.phase)
+    [line] = [line for line in _status_text(record).splitlines() if line.startswith("hang")]
+    assert line.startswith(f"hang      after {FLOOR_S:g}s without progress (10 x p99 report interval 0.20 s")

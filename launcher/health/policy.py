@@ -1,8 +1,9 @@
 """The run's health policy (`health:` in the job spec): what counts as a fault and what to do.
 
-Thresholds default to the alert rules' (alerts/config.py), so an alert and a restart never disagree
-about what a hang is: no progress from any rank for RaypulseTrainingStalled's age (15 min), no
-output from any of the job's processes for RaypulseJobDriverLogSilent's age (30 min).
+Thresholds default to the alert rules' (alerts/config.py), so a restart never waits longer than an
+alert: no progress from any rank for RaypulseTrainingStalled's age (15 min) at most (a threshold learned
+from the run's pace may be shorter: launcher/health/threshold.py), no output from any of the job's
+processes for RaypulseJobDriverLogSilent's age (30 min).
 """
 
 from __future__ import annotations

@@ -128,6 +128,10 @@ class HangLearner:
         return Threshold(seconds, "phase", f"phase {name}: {K:g} x its longest {phase.longest:.1f} s ({phase.seen} "
                          f"seen), floor {FLOOR_S:g} s, ceiling {top:g} s", name)
 
+    def learned(self, policy: HealthPolicy) -> list[Threshold]:
+        """The threshold between reports and each phase's, as they stand."""
+        return [self.steps(policy), *(self.phase(policy, name) for name in sorted(self._phases))]
+
     def in_force(self, policy: HealthPolicy, running: Mapping[str, float]) -> Threshold:
         """The threshold now: the most generous of the phases running, else the one between reports."""
         if not running:
