@@ -59,6 +59,12 @@ class Pending:
 
     fault: Fault
     decided_at: float
+    made: int | None = None  # the newest step the ranks reported, read once more after the attempt ended
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step made before the attempt ended: the redone steps count from it."""
+        return self.made if self.made is not None else self.fault.last_step
 
 
 class Healing:
@@ -331,6 +337,29 @@ class Healing:
             return "REPEATED_FAILURE", f"{repeated}: retrying would not help"
         return None
 
+    def last_look(self) -> None:
+        """The attempt a fault ended: the newest step its ranks reported, read once more now that it
+        stopped. The fault's own step is the newest a check happened to see; the ranks may have gone on
+        after it (up to a check interval before it, the peers of a lost node or the job on a faulty GPU
+        until it was stopped), and those steps are redone too. A read that finds nothing (the exporters
+        let the job go, a node gone with its ranks' reports) leaves the fault's step."""
+        pending, attempt = self.pending, self.watcher.attempt
+        if pending is None or attempt is None or not self.policy.enabled:
+            return
+        try:
+            with self._checking:
+                seen = self.watcher.check().progress
+        except Exception as exc:  # noqa: BLE001 - as in check(): the fault's own step stands
+            self._say_check_failed(f"{type(exc).__name__}: {exc}")
+            return
+        made = seen.newest_step if seen is not None else None
+        if made is None or (pending.fault.last_step is not None and made <= pending.fault.last_step):
+            return
+        pending.made = made
+        item = self.record.attempt(attempt.number)
+        if item is not None and (item.last_step is None or made > item.last_step):
+            item.last_step = made
+
     def repeated(self, fault: Fault | None, failed: AttemptRecord | None) -> str | None:
         """Why retrying would not help: the same fault (or the same failure) twice in a row, with no
         progress in between. None when it might."""
@@ -409,7 +438,7 @@ class Healing:
             recovery = {"fault": pending.fault.kind.value,
                         "detect_seconds": round(pending.decided_at - pending.fault.at, 1),
                         "recover_seconds": round(max(0.0, item.first_step_at - pending.fault.at), 1),
-                        "steps_lost": steps_lost(pending.fault.last_step, item.resumed_from_step,
+                        "steps_lost": steps_lost(pending.last_step, item.resumed_from_step,
                                                  started[0] if started is not None else None)}
             self.journal.emit("health.recovered", attempt=attempt, first_step=item.first_step,
                               resumed_from=item.resumed_from_step, **recovery)
