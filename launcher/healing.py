@@ -250,7 +250,8 @@ class Healing:
         if result.back:
             self.journal.emit("health.exporter_back", attempt=attempt.number, node=result.back[0],
                               count=len(result.back), nodes=result.back[:NAMED])
-        self._note_thresholds(attempt.number)
+        if result.progress is not None and result.progress.step:  # a job that reports no steps: its silence
+            self._note_thresholds(attempt.number)
         self._note_progress(attempt.number, result.progress, result.threshold)
         for fault in result.faults:
             action = self.policy.action(fault.kind)

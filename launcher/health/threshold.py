@@ -105,10 +105,10 @@ class HangLearner:
         """The threshold between reports, when no phase runs."""
         ceiling = policy.hang_after_seconds
         if not policy.adaptive_hang:
-            return Threshold(ceiling, "fixed", "health.hang_after_seconds (adaptive_hang is off)")
+            return Threshold(ceiling, "fixed", "health.hang_after_seconds, adaptive_hang is off")
         if len(self._intervals) < MIN_INTERVALS:
             return Threshold(ceiling, "fixed", f"health.hang_after_seconds until {MIN_INTERVALS} report intervals "
-                             f"are seen ({len(self._intervals)} so far)")
+                             f"are seen, {len(self._intervals)} so far")
         p99 = _quantile(self._intervals, 0.99)
         seconds = min(max(K * p99, FLOOR_S), ceiling)
         return Threshold(seconds, "steps", f"{K:g} x p99 report interval {p99:.2f} s ({len(self._intervals)} "
@@ -120,17 +120,18 @@ class HangLearner:
         phase = self._phases.get(name)
         if not policy.adaptive_hang or phase is None or phase.seen < PHASE_MIN_SEEN:
             seen = phase.seen if phase is not None else 0
-            why = "adaptive_hang is off" if not policy.adaptive_hang else \
-                f"until the phase is seen {PHASE_MIN_SEEN} times ({seen} so far)"
-            return Threshold(ceiling, "fixed", f"health.hang_after_seconds ({why})", name)
+            why = ", adaptive_hang is off" if not policy.adaptive_hang else \
+                f" until the phase is seen {PHASE_MIN_SEEN} times, {seen} so far"
+            return Threshold(ceiling, "fixed", f"health.hang_after_seconds{why}", name)
         top = max(ceiling, PHASE_SLACK * phase.longest)
         seconds = min(max(K * phase.longest, FLOOR_S), top)
         return Threshold(seconds, "phase", f"phase {name}: {K:g} x its longest {phase.longest:.1f} s ({phase.seen} "
                          f"seen), floor {FLOOR_S:g} s, ceiling {top:g} s", name)
 
     def learned(self, policy: HealthPolicy) -> list[Threshold]:
-        """The threshold between reports and each phase's, as they stand."""
-        return [self.steps(policy), *(self.phase(policy, name) for name in sorted(self._phases))]
+        """The threshold between reports and each phase's learned, as they stand."""
+        phases = (self.phase(policy, name) for name in sorted(self._phases))
+        return [self.steps(policy), *(threshold for threshold in phases if threshold.rule == "phase")]
 
     def in_force(self, policy: HealthPolicy, running: Mapping[str, float]) -> Threshold:
         """The threshold now: the most generous of the phases running, else the one between reports."""
