@@ -349,7 +349,11 @@ class Healing:
             return
         try:
             with self._checking:
-                seen = self.watcher.check().progress
+                before = self.watcher.last
+                try:
+                    seen = self.watcher.check().progress
+                finally:  # a look aside: what the attempt's checks saw (its checkpoint, for resume_point) stays
+                    self.watcher.last = before
         except Exception as exc:  # noqa: BLE001 - as in check(): the fault's own step stands
             self._say_check_failed(f"{type(exc).__name__}: {exc}")
             return
