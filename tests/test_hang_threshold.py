@@ -5,6 +5,7 @@ check (launcher/health/watcher.py): reads made from expositions written the way 
 
 from __future__ import annotations
 
+from exporter.contract import digest
 from launcher.cli import _status_text
 from launcher.display import PlainReporter
 from launcher.health import faults as found
@@ -182,3 +183,14 @@ def test_launcher_status_shows_the_thresholds_in_force(tmp_path, monkeypatch):
                              basis=threshold.basis, phase=threshold.phase)
     [line] = [line for line in _status_text(record).splitlines() if line.startswith("hang")]
     assert line.startswith(f"hang      after {FLOOR_S:g}s without progress (10 x p99 report interval 0.20 s")
+
+
+def test_the_digest_carries_reports_and_phases_and_one_without_them_parses_as_before():
+    run = Run()
+    run.steps(10.0, each=0.2)
+    run.phases = {"generate": (START + 5, 1200.0), "train": (None, 60.0)}
+    made = digest.build((sample.name, sample.labels, sample.value) for sample in parse(run.text()))
+    job = digest.NodeDigest.model_validate_json(digest.encode(made)).jobs[SID]
+    assert (job.reports, job.phases) == (50.0, {"generate": (START + 5, 1200.0), "train": (None, 60.0)})
+    old = digest.NodeDigest.model_validate_json(f'{{"v":1,"jobs":{{"{SID}":{{"checkpoint_step":40}}}}}}')
+    assert (old.jobs[SID].reports, old.jobs[SID].phases) == (None, {})

@@ -194,10 +194,8 @@ class _Job:
             return
         if name in PHASE_FAMILIES:
             phase = labels.get("phase")
-            if phase and math.isfinite(value) and value >= 0 and (phase in self.phase_since or
-                                                                  phase in self.phase_seconds or
-                                                                  len({*self.phase_since, *self.phase_seconds})
-                                                                  < MAX_PHASES):
+            names = self.phase_since.keys() | self.phase_seconds.keys()
+            if phase and math.isfinite(value) and value >= 0 and (phase in names or len(names) < MAX_PHASES):
                 if name == PHASE_START:
                     self.phase_since[phase] = min(self.phase_since.get(phase, value), value)
                 else:

@@ -75,10 +75,6 @@ class HangLearner:
     def new_attempt(self) -> None:
         self._last, self._iteration = None, None
 
-    @property
-    def intervals(self) -> int:
-        return len(self._intervals)
-
     def observe(self, jobs: Iterable[JobDigest], newest_report: float | None, newest_step: int | None) -> None:
         """One check's view of the attempt (its digests over the nodes read)."""
         jobs = list(jobs)
