@@ -5,7 +5,11 @@ check (launcher/health/watcher.py): reads made from expositions written the way 
 
 from __future__ import annotations
 
+import time
+
+from exporter.config import ProgressSettings
 from exporter.contract import digest
+from exporter.progress.store import ProgressStore, parse_batch
 from launcher.cli import _status_text
 from launcher.display import PlainReporter
 from launcher.health import faults as found
@@ -194,3 +198,10 @@ def test_the_digest_carries_reports_and_phases_and_one_without_them_parses_as_be
     assert (job.reports, job.phases) == (50.0, {"generate": (START + 5, 1200.0), "train": (None, 60.0)})
     old = digest.NodeDigest.model_validate_json(f'{{"v":1,"jobs":{{"{SID}":{{"checkpoint_step":40}}}}}}')
     assert (old.jobs[SID].reports, old.jobs[SID].phases) == (None, {})
+
+
+def test_the_run_reports_its_threshold_in_force_to_the_exporter():
+    store = ProgressStore(ProgressSettings())
+    store.apply(parse_batch({"reports": [{"kind": "run", "run_id": "run-1", "time": time.time(),
+                                          "hang_threshold_seconds": FLOOR_S}]}))
+    assert store.view().runs["run-1"].hang_threshold_seconds == FLOOR_S
