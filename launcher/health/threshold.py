@@ -84,8 +84,7 @@ class HangLearner:
                 made, elapsed = reports - self._last[0], newest_report - self._last[1]
                 if made > 0 and elapsed > 0:
                     self._intervals.append(elapsed / made)
-            if self._last is None or reports >= self._last[0]:
-                self._last = (reports, newest_report)
+            self._last = (reports, newest_report)  # a count that went back (an exporter restarted) starts afresh
         if newest_step is not None and newest_step != self._iteration:
             if self._iteration is not None:  # an iteration ended since: its phases' seconds are news
                 for name, seconds in _phase_seconds(jobs).items():
