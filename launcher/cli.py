@@ -236,12 +236,21 @@ def _status_text(record: RunRecord) -> str:
             detail = f"driver exit {attempt.driver_exit_code}; {detail}"
         lines.append(f"  {attempt.attempt}  {attempt.submission_id}  {attempt.status:<9} "
                      f"{_when(attempt.submitted_at)} -> {_when(attempt.ended_at)}  {detail}".rstrip())
+    lines += _hang_thresholds(record)
     shown = [event for event in record.events if event.message or event.kind not in QUIET_EVENTS]
     if shown:
         lines.append(f"events    {len(shown)}" + (f" (the latest {EVENTS_SHOWN})" if len(shown) > EVENTS_SHOWN else ""))
         for event in shown[-EVENTS_SHOWN:]:
             lines.append(f"  {_when(event.time)}  {event.kind:<22} {event.message or ''}".rstrip())
     return redact.text("\n".join(lines))  # reasons and messages may quote a command or a URL
+
+
+def _hang_thresholds(record: RunRecord) -> list[str]:
+    """The hang thresholds in force (the latest health.threshold event of each), between reports first."""
+    latest = {event.details.get("phase"): event for event in record.events if event.kind == "health.threshold"}
+    ordered = sorted(latest.items(), key=lambda item: (item[0] is not None, item[0] or ""))
+    return [f"hang      after {event.details['seconds']:g}s " + (f"in phase {phase}" if phase else "without progress")
+            + f" ({event.details['basis']})" for phase, event in ordered]
 
 
 def _read(action: str, call: Callable[[], Any]) -> Any:

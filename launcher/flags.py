@@ -89,6 +89,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "no_health": "health.enabled",
     "health_check_interval": "health.check_interval_seconds",
     "hang_after": "health.hang_after_seconds",
+    "fixed_hang": "health.adaptive_hang",
     "silence_after": "health.silence_after_seconds",
     "on_hang": "health.on_hang",
     "on_gpu_fault": "health.on_gpu_fault",
@@ -97,7 +98,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "no_stacks": "health.stacks",
     "cordon_nodes": "health.cordon_nodes",
 }
-NEGATIONS = {"no_health", "no_stacks", "no_sidecar"}  # flags that turn a default-on field off
+NEGATIONS = {"no_health", "no_stacks", "no_sidecar", "fixed_hang"}  # flags that turn a default-on field off
 WORKER_SHORTHANDS = {"workers": "count", "worker_cpus": "cpus", "worker_gpus": "gpus", "worker_memory": "memory",
                      "worker_resource": "resources"}
 _SECTIONS: dict[str, type[BaseModel]] = {"": JobSpec, "head": HeadSpec, "worker_groups[]": WorkerGroup,
@@ -375,7 +376,9 @@ def spec_options(func: Callable) -> Callable:
                      help=f"How often the watcher reads the exporters [{default('health_check_interval')}]."),
         click.option("--hang-after", type=float, metavar="SECONDS",
                      help=f"No progress from any rank for this long is a hang [{default('hang_after')}, as the "
-                     "alert rule]."),
+                     "alert rule]; the most a threshold learned from the run's pace may be."),
+        click.option("--fixed-hang", is_flag=True, help="Judge a hang by --hang-after only, not by a threshold "
+                     "learned from the run's pace (10 x its p99 report interval, at least 60 s)."),
         click.option("--silence-after", type=float, metavar="SECONDS",
                      help=f"A job reporting no progress is hung after this long without output "
                      f"[{default('silence_after')}]."),

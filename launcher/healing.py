@@ -30,6 +30,7 @@ from launcher.health.faults import Attempt, Fault, Progress
 from launcher.health.fleet import FleetReader
 from launcher.health.policy import FaultClass, HealthPolicy
 from launcher.health.remedy import NodeRemedy
+from launcher.health.threshold import Threshold
 from launcher.health.watcher import Watcher
 from launcher.journal import Journal
 from launcher.raydash import RayDashboard
@@ -58,6 +59,12 @@ class Pending:
 
     fault: Fault
     decided_at: float
+    made: int | None = None  # the newest step the ranks reported, read once more after the attempt ended
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step made before the attempt ended: the redone steps count from it."""
+        return self.made if self.made is not None else self.fault.last_step
 
 
 class Healing:
@@ -89,6 +96,7 @@ class Healing:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._slow_said = False
+        self._thresholds_said: dict[str | None, Threshold] = {}  # by phase (None: between reports)
 
     # --- an attempt's life ---------------------------------------------------------------------------
 
@@ -242,7 +250,9 @@ class Healing:
         if result.back:
             self.journal.emit("health.exporter_back", attempt=attempt.number, node=result.back[0],
                               count=len(result.back), nodes=result.back[:NAMED])
-        self._note_progress(attempt.number, result.progress)
+        if result.progress is not None and result.progress.step:  # a job that reports no steps: its silence
+            self._note_thresholds(attempt.number)
+        self._note_progress(attempt.number, result.progress, result.threshold)
         for fault in result.faults:
             action = self.policy.action(fault.kind)
             self.journal.emit("health.fault", attempt=attempt.number, fault=fault.kind.value, summary=fault.summary,
@@ -328,6 +338,33 @@ class Healing:
             return "REPEATED_FAILURE", f"{repeated}: retrying would not help"
         return None
 
+    def last_look(self) -> None:
+        """The attempt a fault ended: the newest step its ranks reported, read once more now that it
+        stopped. The fault's own step is the newest a check happened to see; the ranks may have gone on
+        after it (up to a check interval before it, the peers of a lost node or the job on a faulty GPU
+        until it was stopped), and those steps are redone too. A read that finds nothing (the exporters
+        let the job go, a node gone with its ranks' reports) leaves the fault's step."""
+        pending, attempt = self.pending, self.watcher.attempt
+        if pending is None or attempt is None or not self.policy.enabled:
+            return
+        try:
+            with self._checking:
+                before = self.watcher.last
+                try:
+                    seen = self.watcher.check().progress
+                finally:  # a look aside: what the attempt's checks saw (its checkpoint, for resume_point) stays
+                    self.watcher.last = before
+        except Exception as exc:  # noqa: BLE001 - as in check(): the fault's own step stands
+            self._say_check_failed(f"{type(exc).__name__}: {exc}")
+            return
+        made = seen.newest_step if seen is not None else None
+        if made is None or (pending.fault.last_step is not None and made <= pending.fault.last_step):
+            return
+        pending.made = made
+        item = self.record.attempt(attempt.number)
+        if item is not None and (item.last_step is None or made > item.last_step):
+            item.last_step = made
+
     def repeated(self, fault: Fault | None, failed: AttemptRecord | None) -> str | None:
         """Why retrying would not help: the same fault (or the same failure) twice in a row, with no
         progress in between. None when it might."""
@@ -365,7 +402,20 @@ class Healing:
 
     # --- progress ------------------------------------------------------------------------------------
 
-    def _note_progress(self, attempt: int, seen: Progress | None) -> None:
+    def _note_thresholds(self, attempt: int) -> None:
+        """A hang threshold (between reports, or an RL phase's) that changed its rule or by a tenth: an
+        event (`launcher status` shows the latest). Each changes rarely: a phase's grows with its longest
+        duration, the one between reports settles once its intervals are seen."""
+        for threshold in self.watcher.learner.learned(self.policy):
+            said = self._thresholds_said.get(threshold.phase)
+            if said is not None and said.rule == threshold.rule and \
+                    abs(said.seconds - threshold.seconds) < 0.1 * said.seconds:
+                continue
+            self._thresholds_said[threshold.phase] = threshold
+            self.journal.emit("health.threshold", attempt=attempt, seconds=round(threshold.seconds, 1),
+                              rule=threshold.rule, basis=threshold.basis, phase=threshold.phase)
+
+    def _note_progress(self, attempt: int, seen: Progress | None, threshold: Threshold | None = None) -> None:
         """Keep the attempt's first and newest step (the effective training time comes from them); the
         first step of the attempt after a healed fault ends the recovery. The first step and its time
         are the job's own (the exporters serve each rank's first step of the attempt), not when a check
@@ -385,14 +435,15 @@ class Healing:
                 item.first_step = min(seen.step.values())
                 item.first_step_at = min(seen.last_report.values(), default=newest)
         item.last_step, item.last_progress_at = step, newest
-        report: dict[str, Any] = {"effective_training_ratio": self.effective_training_ratio()}
+        report: dict[str, Any] = {"effective_training_ratio": self.effective_training_ratio(),
+                                  "hang_threshold_seconds": round(threshold.seconds, 1) if threshold else None}
         pending = self.pending
         if pending is not None and pending.fault is not self.stopped_by:
             self.pending = None
             recovery = {"fault": pending.fault.kind.value,
                         "detect_seconds": round(pending.decided_at - pending.fault.at, 1),
                         "recover_seconds": round(max(0.0, item.first_step_at - pending.fault.at), 1),
-                        "steps_lost": steps_lost(pending.fault.last_step, item.resumed_from_step,
+                        "steps_lost": steps_lost(pending.last_step, item.resumed_from_step,
                                                  started[0] if started is not None else None)}
             self.journal.emit("health.recovered", attempt=attempt, first_step=item.first_step,
                               resumed_from=item.resumed_from_step, **recovery)

@@ -124,6 +124,8 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
          + ": faults are seen later; the run is followed as before (said once until a check fits again)"),
     Kind("health.fault", level="warn", audit="health.fault", result=lambda d: d["action"],
          say=lambda d: f"attempt {d['attempt']}: {d['summary']}; {_ACTIONS[d['action']]}"),
+    Kind("health.threshold", say=lambda d: f"attempt {d['attempt']}: a hang is judged after {d['seconds']:g}s "
+         + (f"in phase {d['phase']}" if d.get("phase") else "without progress") + f" ({d['basis']})"),
     Kind("health.stacks", say=lambda d: f"stacks of attempt {d['attempt']}: {d['summary']}"
                                         + (f" (saved in {d['directory']})" if d.get("directory") else "")),
     Kind("health.recovered", audit="health.recovered", say=lambda d: (

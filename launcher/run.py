@@ -422,6 +422,7 @@ class Run:
     def _heal(self, fault: Fault, retries_left: bool) -> RunRecord | None:
         """Act on a fault between attempts; the final record when the run ends here, None to retry."""
         assert self.healing is not None
+        self.healing.last_look()
         ending = self.healing.end_instead(fault, retries_left, self.spec.max_retries)
         return self._finish(*ending) if ending is not None else None
 

@@ -110,6 +110,32 @@ def test_a_hang_at_step_35_with_a_checkpoint_at_30_reports_5_steps_lost(exporter
     assert (second.first_step, second.first_step_at, second.last_step) == (31, resumed_at, 46)
 
 
+def test_steps_the_ranks_made_after_the_fault_was_seen_are_redone_too(exporter: Exporter):
+    """A NaN seen at step 35; the job makes steps 36-38 before it is stopped: 8 steps redone from the
+    checkpoint at 30, as the ranks reported them once more after the attempt ended, not 5."""
+    record = RunRecord(run_id=RUN, name="r", backend="local", max_attempts=3)
+    journal = Journal(PlainReporter(), record)
+    policy = HealthPolicy(check_interval_seconds=0.5, stacks=False)
+    heal = Healing(policy, journal, lambda: [Target("head", exporter.server.url)])
+
+    submitted(journal, heal, 1)
+    exporter.steps(1, range(1, 35), checkpoint_at=30)
+    exporter.send({"kind": "progress", "submission_id": f"{RUN}-a1", "rank": 0, "time": time.time(), "step": 35,
+                   "loss": "NaN"})
+    fault = checked(heal)
+    assert fault is not None
+    assert (fault.kind, fault.last_step) == (FaultClass.NONFINITE_LOSS, 35)
+    exporter.steps(1, range(36, 39))  # until it was stopped
+    heal.last_look()  # the run does this once the attempt ended
+    assert record.attempt(1).last_step == 38
+
+    submitted(journal, heal, 2)
+    exporter.steps(2, range(31, 40))
+    assert checked(heal) is None
+    [recovered] = [event for event in record.events if event.kind == "health.recovered"]
+    assert (recovered.details["steps_lost"], recovered.details["resumed_from"]) == (8, 30)
+
+
 @pytest.mark.parametrize(("last", "resumed_from", "first", "lost"), [
     (35, 30, 31, 5),  # resumed where it was told
     (35, 30, None, 5),  # an exporter that does not serve the first step

@@ -130,9 +130,11 @@ HEALING = Row("Healing", collapsed=False, panels=(
         "a healthy node), by class: hang, gpu_fault, node_lost, nonfinite_loss.", width=6, min=0),
     Panel("Time to detect and to recover", "s", (
         Target(RUNS("raypulse_run_detect_seconds"), "{{run_id}} detect"),
-        Target(RUNS("raypulse_run_recover_seconds"), "{{run_id}} recover")),
+        Target(RUNS("raypulse_run_recover_seconds"), "{{run_id}} recover"),
+        Target(RUNS("raypulse_run_hang_threshold_seconds"), "{{run_id}} hang threshold")),
         "For each run's latest healed fault: from the fault to its detection, and to the first step of the "
-        "attempt that replaced the faulty one.", width=6, min=0),
+        "attempt that replaced the faulty one; and the seconds without progress after which a hang is judged "
+        "now (learned from the run's pace).", width=6, min=0),
     Panel("Steps lost", "short", (
         Target(RUNS("raypulse_run_steps_lost_total"), "{{run_id}}"),),
         "Steps each run redid after its faults (since the checkpoint it resumed from).", width=6, min=0),

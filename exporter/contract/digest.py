@@ -26,10 +26,13 @@ MAX_DIGEST_BYTES = 1 * 2**20
 
 # The families a digest is made of (and all the launcher reads of /metrics when it reads directly).
 PROGRESS_TIME = ("raypulse_train_last_progress_time_seconds", "raypulse_rl_last_iteration_time_seconds")
+PHASE_START, PHASE_SECONDS = "raypulse_rl_phase_start_time_seconds", "raypulse_rl_phase_iteration_seconds"
+PHASE_FAMILIES = (PHASE_START, PHASE_SECONDS)
 OUTPUT_TIME = ("raypulse_job_output_last_write_time_seconds", "raypulse_job_driver_log_last_write_time_seconds")
 FAMILIES = (
     "raypulse_train_step", *PROGRESS_TIME, "raypulse_train_nonfinite_values_total",
     "raypulse_train_first_step", "raypulse_train_first_progress_time_seconds", "raypulse_rl_iteration",
+    "raypulse_train_reports_total", *PHASE_FAMILIES,
     "raypulse_train_checkpoint_step", *OUTPUT_TIME, "raypulse_job_processes",
     "raypulse_gpu_xid_last_timestamp_seconds", "raypulse_gpu_up", "raypulse_gpu_ecc_errors_total",
     "raypulse_gpu_row_remap_failed", "raypulse_gpu_recovery_action", "raypulse_ray_node_alive",
@@ -51,6 +54,7 @@ Text = Annotated[str, Field(max_length=256)]
 MAX_RANKS = 4096
 MAX_ITEMS = 1024
 MAX_RAY_NODES = 100_000
+MAX_PHASES = 64  # a rank reports at most wire.RL_MAX_PHASES (16); the ranks of a node, a few more names
 
 
 class _Digest(BaseModel):
@@ -69,6 +73,13 @@ class JobDigest(_Digest):
     # rank -> non-finite losses reported (ranks with none left out)
     nonfinite: dict[Rank, Finite] = Field(default_factory=dict, max_length=MAX_RANKS)
     checkpoint_step: Step | None = None
+    # Added after v1's first release, with defaults: a digest without them parses as before.
+    # The most progress reports one rank of the job sent here (the watcher's step intervals are measured
+    # per report: a job that reports every 100th step is quiet 100 steps between reports).
+    reports: Finite | None = None
+    # RL phase name -> (since when it runs on some rank here, the oldest start; the longest of the ranks'
+    # seconds in it during their last completed iteration): the hang threshold of a phase is its own.
+    phases: dict[Text, tuple[Finite | None, Finite | None]] = Field(default_factory=dict, max_length=MAX_PHASES)
 
 
 class NodeDigest(_Digest):
@@ -164,6 +175,9 @@ class _Job:
         self.first_at: dict[int, float] = {}
         self.nonfinite: dict[int, float] = {}
         self.checkpoint_step: int | None = None
+        self.reports: float | None = None
+        self.phase_since: dict[str, float] = {}
+        self.phase_seconds: dict[str, float] = {}
 
     def add(self, name: str, labels: Mapping[str, str], value: float) -> None:
         if name == "raypulse_job_processes":
@@ -177,6 +191,19 @@ class _Job:
             step = whole(value)
             if step is not None:
                 self.checkpoint_step = max(self.checkpoint_step or 0, step)
+            return
+        if name in PHASE_FAMILIES:
+            phase = labels.get("phase")
+            names = self.phase_since.keys() | self.phase_seconds.keys()
+            if phase and math.isfinite(value) and value >= 0 and (phase in names or len(names) < MAX_PHASES):
+                if name == PHASE_START:
+                    self.phase_since[phase] = min(self.phase_since.get(phase, value), value)
+                else:
+                    self.phase_seconds[phase] = max(self.phase_seconds.get(phase, value), value)
+            return
+        if name == "raypulse_train_reports_total":
+            if math.isfinite(value):
+                self.reports = max(self.reports or 0.0, value)
             return
         rank = whole(labels.get("rank", "0"))
         if rank is None or not 0 <= rank < 2**31:
@@ -208,7 +235,9 @@ class _Job:
                          ranks={rank: (steps.get(rank), self.reported.get(rank), self.first_step.get(rank),
                                        self.first_at.get(rank)) for rank in ranks},
                          nonfinite={rank: count for rank, count in self.nonfinite.items() if count > 0},
-                         checkpoint_step=self.checkpoint_step)
+                         checkpoint_step=self.checkpoint_step, reports=self.reports,
+                         phases={phase: (self.phase_since.get(phase), self.phase_seconds.get(phase))
+                                 for phase in sorted({*self.phase_since, *self.phase_seconds})})
 
 
 class FleetEntry(_Digest):

@@ -27,7 +27,8 @@ iteration's reward mean by source (at most wire.RL_MAX_SOURCES). Each replaces w
 The launcher's health watcher also
 reports how its run heals, with kind "run": {"kind": "run", "run_id": "...", "time": ..., "fault":
 "hang", "detect_seconds": 31.5, "recover_seconds": 52.0, "steps_lost": 3} for a recovery, and
-{"kind": "run", "run_id": "...", "time": ..., "effective_training_ratio": 0.93} as the run goes.
+{"kind": "run", "run_id": "...", "time": ..., "effective_training_ratio": 0.93, "hang_threshold_seconds": 60.0}
+as the run goes.
 
 A report names its job by its submission id or, without one, by its Ray job id: a job id beside a
 submission id is dropped (the token proves the submission only; Ray says which job it is). Every
@@ -69,10 +70,10 @@ RL_FIELDS = ("iteration", "iterations_total", "phases", "rollouts_total", "gener
 REJECT_REASONS = ("invalid", "unauthorized", "too_large", "unsupported_media_type", "too_many_jobs",
                   "too_many_ranks", "too_many_series")
 # Series each holds in /metrics (exporter/collectors/ray/train.py): a rank's 15 gauges and counters and
-# its 3 non-finite counts; a job's rank count; a run's 4 gauges and a recovery count per fault class.
+# its 3 non-finite counts; a job's rank count; a run's 5 gauges and a recovery count per fault class.
 SERIES_PER_RANK = 18
 SERIES_PER_JOB = 1
-SERIES_PER_RUN = 4 + len(wire.FAULT_CLASSES)
+SERIES_PER_RUN = 5 + len(wire.FAULT_CLASSES)
 # A rank that reports RL adds 15 raypulse_rl_* series and 3 non-finite counts, 3 per phase, 1 per reward source.
 SERIES_PER_RL_RANK = 15 + len(RL_NONFINITE_FIELDS)
 SERIES_PER_PHASE = 3
@@ -137,6 +138,7 @@ class Report(Strict):
     recover_seconds: float | None = Field(None, ge=0, le=30 * 86400, allow_inf_nan=False)
     steps_lost: Count | None = None
     effective_training_ratio: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    hang_threshold_seconds: float | None = Field(None, gt=0, le=30 * 86400, allow_inf_nan=False)
     # kind "rl" only
     iteration: Count | None = None
     iterations_total: Count | None = None
@@ -314,6 +316,7 @@ class RunHealth:
     recover_seconds: float | None = None
     steps_lost: int = 0
     effective_training_ratio: float | None = None
+    hang_threshold_seconds: float | None = None
     touched: float = 0.0
 
     def applied(self, report: Report) -> RunHealth:
@@ -330,6 +333,8 @@ class RunHealth:
             self.steps_lost += report.steps_lost or 0
         if report.effective_training_ratio is not None:
             self.effective_training_ratio = report.effective_training_ratio
+        if report.hang_threshold_seconds is not None:
+            self.hang_threshold_seconds = report.hang_threshold_seconds
 
 
 JobKey = tuple[str, str]  # (job_id, submission_id) as reported; either may be ""

@@ -19,6 +19,7 @@ from alerts.config import CRITICAL_XIDS
 from exporter.contract.digest import JobDigest
 from launcher.health.exporters import NodeRead
 from launcher.health.policy import FaultClass, HealthPolicy
+from launcher.health.threshold import HangLearner, Threshold, running_phases
 
 XID_RESTART_IN_PLACE = frozenset({94})
 XID_NOT_A_FAULT = frozenset({63})
@@ -128,7 +129,7 @@ def progress(reads: Iterable[NodeRead], submission_id: str) -> Progress:
     checkpoint: int | None = None
     first_step: dict[int, int] = {}
     first_report: dict[int, float] = {}
-    for job in _jobs(reads, submission_id):
+    for job in jobs(reads, submission_id):
         for rank, (step, at, first, first_at) in job.ranks.items():
             if at is not None:
                 last[rank] = max(last.get(rank, at), at)
@@ -145,7 +146,8 @@ def progress(reads: Iterable[NodeRead], submission_id: str) -> Progress:
     return Progress(last, steps, nonfinite, checkpoint, first_step, first_report)
 
 
-def _jobs(reads: Iterable[NodeRead], submission_id: str) -> Iterator[JobDigest]:
+def jobs(reads: Iterable[NodeRead], submission_id: str) -> Iterator[JobDigest]:
+    """The submission's digests on the nodes read."""
     for read in reads:
         job = read.digest.jobs.get(submission_id) if read.digest is not None else None
         if job is not None:
@@ -154,7 +156,7 @@ def _jobs(reads: Iterable[NodeRead], submission_id: str) -> Iterator[JobDigest]:
 
 def last_output(reads: Iterable[NodeRead], submission_id: str) -> float | None:
     """The newest write to any log of the job's processes (driver and workers), over every node."""
-    return max((job.output_at for job in _jobs(reads, submission_id) if job.output_at is not None), default=None)
+    return max((job.output_at for job in jobs(reads, submission_id) if job.output_at is not None), default=None)
 
 
 def job_nodes(reads: Iterable[NodeRead], submission_id: str) -> set[str]:
@@ -164,10 +166,12 @@ def job_nodes(reads: Iterable[NodeRead], submission_id: str) -> set[str]:
 
 
 def find(policy: HealthPolicy, reads: list[NodeRead], attempt: Attempt, baseline: Baseline, now: float,
-         dead_nodes: Iterable[str] = (), seen: Progress | None = None) -> list[Fault]:
+         dead_nodes: Iterable[str] = (), seen: Progress | None = None,
+         threshold: Threshold | None = None) -> list[Fault]:
     """Every fault this read shows, most serious first: lost nodes, GPU faults, non-finite losses, a hang.
     A node that was not read is judged by none of them: the hang is judged on the nodes that answered
-    (the watcher reports the others as unreachable), and only when some did."""
+    (the watcher reports the others as unreachable), and only when some did. `threshold`: the hang
+    threshold in force (hang_threshold()); without one, the policy's own for what this read shows."""
     usable = [read for read in reads if read.digest is not None]
     seen = seen if seen is not None else progress(usable, attempt.submission_id)
     faults = [*_lost_nodes(usable, baseline, set(dead_nodes), now, seen.newest_step)]
@@ -176,7 +180,9 @@ def find(policy: HealthPolicy, reads: list[NodeRead], attempt: Attempt, baseline
         if not nodes or read.target.node in nodes:
             faults += _gpu_faults(read, attempt, baseline, now, seen.newest_step)
     faults += _nonfinite(seen, attempt, now)
-    hang = _hang(policy, usable, seen, attempt, now, whole=len(usable) == len(reads)) if usable else None
+    if threshold is None:
+        threshold = hang_threshold(policy, HangLearner(), usable, attempt)
+    hang = _hang(policy, usable, seen, attempt, now, len(usable) == len(reads), threshold) if usable else None
     if hang is not None:
         faults.append(hang)
     return faults
@@ -249,21 +255,28 @@ def _nonfinite(seen: Progress, attempt: Attempt, now: float) -> list[Fault]:
                   {"ranks": bad})]
 
 
+def hang_threshold(policy: HealthPolicy, learner: HangLearner, reads: list[NodeRead], attempt: Attempt) -> Threshold:
+    """The hang threshold in force for what these reads show (the phases running) and what the run taught."""
+    return learner.in_force(policy, running_phases(jobs(reads, attempt.submission_id), attempt.started_at))
+
+
 def _hang(policy: HealthPolicy, reads: list[NodeRead], seen: Progress, attempt: Attempt, now: float,
-          whole: bool) -> Fault | None:
-    """No rank of the nodes read advanced for the threshold; when no rank reports progress, no output
-    for the silence threshold, judged only on a whole view (the silent logs may be the unread nodes')."""
+          whole: bool, threshold: Threshold) -> Fault | None:
+    """No rank of the nodes read advanced (nor began an RL phase) for the threshold in force; when no
+    rank reports progress, no output for the silence threshold, judged only on a whole view (the
+    silent logs may be the unread nodes')."""
     reporting = {rank: at for rank, at in seen.last_report.items() if at >= attempt.started_at}
-    if reporting:
-        newest = max(reporting.values())
+    running = running_phases(jobs(reads, attempt.submission_id), attempt.started_at)
+    if reporting or running:
+        newest = max([*reporting.values(), *running.values()])
         quiet = now - newest
-        if quiet <= policy.hang_after_seconds:
+        if quiet <= threshold.seconds:
             return None
         step = seen.newest_step
-        return Fault(FaultClass.HANG, f"hang ({ranks_text(reporting)} made no progress for {quiet:.0f} s; last step "
-                     f"{step})", newest, f"hang:{attempt.number}", None, False, step,
-                     {"quiet_seconds": round(quiet, 1), "ranks": sorted(reporting), "threshold":
-                      policy.hang_after_seconds})
+        who = f"phase {threshold.phase} ran" if threshold.phase else f"{ranks_text(reporting)} made no progress"
+        return Fault(FaultClass.HANG, f"hang ({who} for {quiet:.0f} s; last step {step})", newest,
+                     f"hang:{attempt.number}", None, False, step,
+                     {"quiet_seconds": round(quiet, 1), "ranks": sorted(reporting), **threshold.evidence()})
     if attempt.running_at is None or not whole:
         return None  # not running yet (the pre-running deadline's business), or not every node was read
     output = last_output(reads, attempt.submission_id)

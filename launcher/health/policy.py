@@ -1,8 +1,9 @@
 """The run's health policy (`health:` in the job spec): what counts as a fault and what to do.
 
-Thresholds default to the alert rules' (alerts/config.py), so an alert and a restart never disagree
-about what a hang is: no progress from any rank for RaypulseTrainingStalled's age (15 min), no
-output from any of the job's processes for RaypulseJobDriverLogSilent's age (30 min).
+Thresholds default to the alert rules' (alerts/config.py), so a restart never waits longer than an
+alert: no progress from any rank for RaypulseTrainingStalled's age (15 min) at most (a threshold learned
+from the run's pace may be shorter: launcher/health/threshold.py), no output from any of the job's
+processes for RaypulseJobDriverLogSilent's age (30 min).
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ class HealthPolicy(Strict):
     check_interval_seconds: float = Field(10.0, ge=0.5, le=600,
                                           description="how often the watcher reads the exporters")
     hang_after_seconds: float = Field(HANG_AFTER_SECONDS, gt=0, description=(
-        "a job that reports progress is hung when no rank advanced for this long (the alert rule's threshold)"))
+        "a job that reports progress is hung when no rank advanced for this long (the alert rule's threshold); with "
+        "adaptive_hang, the most the learned threshold may be"))
+    adaptive_hang: bool = Field(True, description=(
+        "learn the hang threshold from the run: 10 times the p99 interval between its progress reports once 20 "
+        "were seen (at least 60 s, at most hang_after_seconds), and per RL phase from that phase's own durations "
+        "(docs/healing.md); off: hang_after_seconds always"))
     silence_after_seconds: float = Field(SILENCE_AFTER_SECONDS, gt=0, description=(
         "a job that reports no progress is hung when none of its processes (driver and workers) wrote "
         "any output for this long"))

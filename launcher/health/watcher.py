@@ -24,6 +24,7 @@ from launcher.health.exporters import READ_TIMEOUT_S, Known, NodeRead, TargetSou
 from launcher.health.faults import Attempt, Baseline, Fault, Progress
 from launcher.health.fleet import FleetReader
 from launcher.health.policy import HealthPolicy
+from launcher.health.threshold import HangLearner, Threshold
 
 STARTING_GRACE_S = 60.0
 
@@ -39,6 +40,7 @@ class Check:
     reads: list[NodeRead] = field(default_factory=list)
     seconds: float = 0.0  # the check's wall time, from the targets' listing to its last finding
     via_fleet: bool = False  # read from the head's fleet document (else each exporter was read)
+    threshold: Threshold | None = None  # the hang threshold in force at this check
 
     @property
     def not_modified(self) -> int:
@@ -67,11 +69,13 @@ class Watcher:
         self._known: Known = {}  # each exporter's last ETag and samples: an unchanged one answers 304
         self.read_timeout = READ_TIMEOUT_S  # one deadline for all of a check's reads
         self.last: Check | None = None
+        self.learner = HangLearner()  # the run's pace, for the hang threshold (health.adaptive_hang)
 
     def watch(self, attempt: Attempt) -> None:
         """From now on, the faults of this attempt (a new one starts with a new baseline)."""
         self.attempt = attempt
         self._baseline = Baseline()
+        self.learner.new_attempt()
         self._next_check = 0.0
 
     def retire(self, node: str) -> None:
@@ -103,9 +107,14 @@ class Watcher:
         self._note_reachability(reads, result)
         self._baseline.take(reads, self._retired)
         now = self._clock()
-        result.progress = found.progress([read for read in reads if read.ok], self.attempt.submission_id)
+        usable = [read for read in reads if read.ok]
+        result.progress = seen = found.progress(usable, self.attempt.submission_id)
+        reported = [at for at in seen.last_report.values() if at >= self.attempt.started_at]
+        self.learner.observe(found.jobs(usable, self.attempt.submission_id), max(reported, default=None),
+                             seen.newest_step)
+        result.threshold = found.hang_threshold(self.policy, self.learner, usable, self.attempt)
         for fault in found.find(self.policy, reads, self.attempt, self._baseline, now, self._dead_nodes(),
-                                result.progress):
+                                seen, result.threshold):
             if fault.key not in self._reported:
                 self._reported.add(fault.key)
                 result.faults.append(fault)

@@ -148,6 +148,10 @@ RUN_STEPS_LOST = counter("raypulse_run_steps_lost_total", "Training steps the ru
 RUN_EFFECTIVE = gauge("raypulse_run_effective_training_ratio", "Share of the run's wall time spent making progress "
                       "it kept (its launcher's estimate).", collector=NAME, labels=("run_id",), unit="ratio",
                       only_when="for a launcher run whose health watcher reports it")
+RUN_HANG_THRESHOLD = gauge("raypulse_run_hang_threshold_seconds", "Seconds without progress after which the run's "
+                           "health watcher judges a hang now (learned from the run's pace, or its configured "
+                           "health.hang_after_seconds).", collector=NAME, labels=("run_id",), unit="seconds",
+                           only_when="for a launcher run whose health watcher reports it")
 REJECTED = counter("raypulse_train_rejected_reports_total", "Progress requests refused, by reason: invalid (400), "
                    "unauthorized (401: no or a wrong token), too_large (413), unsupported_media_type (415), "
                    "too_many_jobs, too_many_ranks and too_many_series (429).", collector=NAME, labels=("reason",))
@@ -218,6 +222,7 @@ class TrainCollector(AsyncCollector):
                 out.add(RUN_RECOVER, health.recover_seconds, run_id=run_id)
                 out.add(RUN_STEPS_LOST, health.steps_lost, run_id=run_id)
             out.add(RUN_EFFECTIVE, health.effective_training_ratio, run_id=run_id)
+            out.add(RUN_HANG_THRESHOLD, health.hang_threshold_seconds, run_id=run_id)
 
 
 def emit_rank(out: SampleSink, state: RankState, **labels: object) -> None:

@@ -1,0 +1,56 @@
+"""The hang threshold learned from the run, end to end (issue 38: "a job whose steps take 0.2 s: a hang
+is judged within 2 minutes with default settings"): a real kept local cluster, a job that reports a
+step every 0.2 s and then hangs, `launcher submit` with the health policy's defaults (no threshold
+given; `--max-retries 0` only so that the hang ends the run instead of restarting it). The journal says
+which threshold it learned, and the hang is judged by it, not by the alert rule's 15 minutes.
+
+Run under `flock /tmp/raypulse-ray.lock`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher.health.policy import HANG_AFTER_SECONDS
+from launcher.health.threshold import FLOOR_S
+from tests.launcher_support import kept_cluster, launcher, status_json
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
+
+# Steps of 0.2 s for 280 s (over 20 checks of the default 10 s that see it advance: the threshold is
+# learned), then it hangs with its driver alive (a stuck collective, say).
+FAST_THEN_HANGS = ("python -c 'import time\nfrom exporter import progress\nbegan = time.time()\nstep = 0\n"
+                   "while time.time() - began < 280:\n    step += 1\n    progress.report(step, loss=1.0)\n"
+                   "    time.sleep(0.2)\nprogress.flush()\ntime.sleep(3600)'")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("raypulse-home")
+
+
+@pytest.fixture(scope="module")
+def kept(home: Path) -> Iterator[dict]:
+    with kept_cluster("adaptive", home) as record:
+        yield record
+
+
+def test_a_job_of_fast_steps_is_judged_hung_within_two_minutes_with_the_default_policy(home: Path, kept: dict):
+    result = launcher("submit", "--cluster", "adaptive", "--run-id", "fast-1", "--max-retries", "0", "--",
+                      FAST_THEN_HANGS, home=home, timeout=800)
+    assert result.returncode == 7, result.stderr  # UNHEALTHY: a fault with no retries left
+    record = status_json("fast-1", home)
+    events = record["events"]
+    learned = [event["details"] for event in events if event["kind"] == "health.threshold"]
+    assert learned[0]["rule"] == "fixed"
+    assert learned[0]["seconds"] == HANG_AFTER_SECONDS  # before 20 intervals were seen
+    assert (learned[-1]["rule"], learned[-1]["seconds"]) == ("steps", FLOOR_S)  # 10 x p99 of 0.2 s, the floor
+    [fault] = [event["details"] for event in events if event["kind"] == "health.fault"]
+    assert fault["fault"] == "hang"
+    assert (fault["evidence"]["threshold_rule"], fault["evidence"]["threshold"]) == ("steps", FLOOR_S)
+    assert fault["evidence"]["quiet_seconds"] <= 120  # the issue's bound, judged by the watcher's own clock
+    text = launcher("status", "fast-1", home=home).stdout
+    assert f"hang      after {FLOOR_S:g}s without progress (10 x p99 report interval" in text
