@@ -1,22 +1,22 @@
 """The hang threshold learned from the run, end to end (issue 38: "a job whose steps take 0.2 s: a hang
-is judged within 2 minutes with default settings"): a real kept local cluster, a job that reports a
-step every 0.2 s and then hangs, `launcher submit` with the health policy's defaults (no threshold
-given; `--max-retries 0` only so that the hang ends the run instead of restarting it). The journal says
-which threshold it learned, and the hang is judged by it, not by the alert rule's 15 minutes.
+is judged within 2 minutes with default settings"): a real kept local cluster (the suite's shared one),
+a job that reports a step every 0.2 s and then hangs, `launcher submit` with the health policy's
+defaults (no threshold given; `--max-retries 0` only so that the hang ends the run instead of restarting
+it). The journal says which threshold it learned, and the hang is judged by it, not by the alert rule's
+15 minutes.
 
 Run under `flock /tmp/raypulse-ray.lock`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from launcher.health.policy import HANG_AFTER_SECONDS
 from launcher.health.threshold import FLOOR_S
-from tests.launcher_support import kept_cluster, launcher, status_json
+from tests.launcher_support import SharedCluster, launcher, status_json
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -28,21 +28,21 @@ FAST_THEN_HANGS = ("python -c 'import time\nfrom exporter import progress\nbegan
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("raypulse-home")
+def home(shared_launcher_home: Path) -> Path:
+    return shared_launcher_home  # where the shared cluster is known
 
 
 @pytest.fixture(scope="module")
-def kept(home: Path) -> Iterator[dict]:
-    with kept_cluster("adaptive", home) as record:
-        yield record
+def kept(shared_cluster: SharedCluster) -> dict:
+    """The shared cluster (tests/conftest.py): the run ends with its job stopped, as it found the cluster."""
+    return shared_cluster.record()
 
 
 def test_a_job_of_fast_steps_is_judged_hung_within_two_minutes_with_the_default_policy(home: Path, kept: dict):
-    result = launcher("submit", "--cluster", "adaptive", "--run-id", "fast-1", "--max-retries", "0", "--",
-                      FAST_THEN_HANGS, home=home, timeout=800)
+    result = launcher("submit", "--cluster", SharedCluster.name, "--run-id", "adaptive-fast-1", "--max-retries",
+                      "0", "--", FAST_THEN_HANGS, home=home, timeout=800)
     assert result.returncode == 7, result.stderr  # UNHEALTHY: a fault with no retries left
-    record = status_json("fast-1", home)
+    record = status_json("adaptive-fast-1", home)
     events = record["events"]
     learned = [event["details"] for event in events if event["kind"] == "health.threshold"]
     assert learned[0]["rule"] == "fixed"
@@ -52,5 +52,5 @@ def test_a_job_of_fast_steps_is_judged_hung_within_two_minutes_with_the_default_
     assert fault["fault"] == "hang"
     assert (fault["evidence"]["threshold_rule"], fault["evidence"]["threshold"]) == ("steps", FLOOR_S)
     assert fault["evidence"]["quiet_seconds"] <= 120  # the issue's bound, judged by the watcher's own clock
-    text = launcher("status", "fast-1", home=home).stdout
+    text = launcher("status", "adaptive-fast-1", home=home).stdout
     assert f"hang      after {FLOOR_S:g}s without progress (10 x p99 report interval" in text
