@@ -215,10 +215,15 @@ def submit(spec: JobSpec | Mapping[str, Any], *, reporter: Reporter | None = Non
         with run_trace.current():
             handle = _start(spec, journal, backend, cancel, follow_logs, detach)
     except BaseException as exc:
+        # A stop asked for while a call to the cluster failed (one that never answered, cut at its deadline):
+        # the run was stopped, whatever the call said.
+        stopped = isinstance(exc, Cancelled) or (cancel.is_set() and isinstance(exc, InfraError))
         state = record.state if record.exit_code is not None else (
-            "STOPPED" if isinstance(exc, Cancelled) else "BAD_INPUT" if isinstance(exc, BadInput) else "INFRA_ERROR")
+            "STOPPED" if stopped else "BAD_INPUT" if isinstance(exc, BadInput) else "INFRA_ERROR")
         journal.close(state)
         run_trace.finish(state, str(exc) or type(exc).__name__)
+        if stopped and not isinstance(exc, Cancelled):
+            raise Cancelled(str(exc)) from exc
         raise
     if detach:
         handle.detach()

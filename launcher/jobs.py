@@ -4,6 +4,15 @@ checking that the cluster is reachable, new enough and accepts the token.
 Ray's client reads RAY_ADDRESS / RAY_API_SERVER_ADDRESS and lets them override the address it is
 given; the launcher has already resolved its target (launcher/target.py reads them for `submit`),
 so the client is built without them.
+
+Ray's client calls `requests` with no timeout, follows redirects and reads whatever comes: a dashboard that
+accepts a request and never answers held the launcher forever (SIGTERM waited behind the read), a 307 sent
+the token, --headers and the job's runtime env to another host, and an answer's size had no bound. Here
+every request has one deadline for its whole answer (REQUEST_TIMEOUT_S; an upload UPLOAD_TIMEOUT_S: a
+socket timeout alone restarts with every byte, so the reads' reaper cuts the connection at the deadline), a
+redirect is refused, never followed, and an answer is read up to MAX_ANSWER_BYTES. A failed or cut request
+is an OSError, which the follow loop counts against the loss limit (a dashboard silent past it: the
+cluster is lost).
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,11 +32,23 @@ from packaging.version import Version
 
 from exporter.contract import wire
 from launcher.errors import BadInput, InfraError
+from launcher.health import exporters
 from launcher.raydash import RayDashboard
 
 MIN_RAY_VERSION = Version("2.6")
 ADDRESS_VARIABLES = (wire.ENV_RAY_API_SERVER_ADDRESS, wire.ENV_RAY_ADDRESS)  # Ray's precedence
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+# One call to the Jobs API, its whole answer: a status poll, a submit, a stop, a list. Short: a SIGTERM is
+# seen between calls (a pod's grace period is 30 s), and the loss limit (launcher/run.py) spans several.
+REQUEST_TIMEOUT_S = 5.0
+LOGS_TIMEOUT_S = 60.0  # a job's whole log (`launcher logs`): up to MAX_ANSWER_BYTES
+UPLOAD_TIMEOUT_S = 300.0  # a request with a body to send (a working_dir's package: megabytes)
+CONNECT_TIMEOUT_S = 5.0
+MAX_ANSWER_BYTES = 64 * 2**20  # a job's whole log (`launcher logs`) is the largest answer asked for
+
+
+class RedirectRefused(OSError):
+    """The dashboard answered with a redirect: never followed (the token and headers would go along)."""
 
 
 class TargetError(BadInput):
@@ -72,7 +94,8 @@ class JobsClient:
         # lines; the launcher reports what matters itself.
         logging.getLogger("ray").setLevel(logging.WARNING)
         with _without_address_env():
-            self._client = JobSubmissionClient(self.address, headers=self.headers, verify=self.verify)
+            self._client = _bounded_client(JobSubmissionClient)(self.address, headers=self.headers,
+                                                                 verify=self.verify)
 
     def _check(self, field: str) -> str:
         try:
@@ -144,3 +167,51 @@ class JobsClient:
         thread = threading.Thread(target=run, name=f"logs-{submission_id}", daemon=True)
         thread.start()
         return thread
+
+
+def _bounded_client(base: type) -> type:
+    """Ray's JobSubmissionClient, every request bounded (the module's docstring): its own requests go
+    through `_do_request`, which passes keyword arguments on to `requests.request`."""
+
+    class BoundedJobSubmissionClient(base):  # type: ignore[misc, valid-type]
+        def _do_request(self, method: str, endpoint: str, *, data: bytes | None = None,
+                        json_data: dict | None = None, **kwargs: Any) -> Any:
+            timeout = UPLOAD_TIMEOUT_S if data is not None else LOGS_TIMEOUT_S if endpoint.endswith("/logs") \
+                else REQUEST_TIMEOUT_S
+            deadline = time.monotonic() + timeout
+            kwargs.setdefault("timeout", (min(CONNECT_TIMEOUT_S, timeout), timeout))
+            return super()._do_request(method, endpoint, data=data, json_data=json_data, allow_redirects=False,
+                                       hooks={"response": lambda response, **_: _bounded(response, deadline,
+                                                                                         timeout)}, **kwargs)
+
+    return BoundedJobSubmissionClient
+
+
+def _bounded(response: Any, deadline: float, timeout: float) -> Any:
+    """A `requests` response hook (it runs before requests reads the body): the body read here, whole by the
+    deadline and at most MAX_ANSWER_BYTES (decoded), or an OSError; a redirect refused."""
+    if response.is_redirect:
+        response.close()
+        where = "".join(ch if ch.isprintable() else "?" for ch in response.headers.get("Location", ""))[:120]
+        raise RedirectRefused(f"the Ray dashboard answered {response.status_code} to {where or 'elsewhere'}: a "
+                              "redirect is not followed (the token and --headers would go with it); give the "
+                              "address it names, if you trust it")
+    raw = response.raw
+    expired = threading.Event()
+    connection = getattr(raw, "connection", None)
+    entry = exporters.cut_at(deadline, connection, expired) if connection is not None else None
+    try:
+        body = exporters.read_body(lambda size: raw.read1(size, decode_content=True),
+                                   lambda: raw.length_remaining, None, expired, deadline, timeout,
+                                   MAX_ANSWER_BYTES)
+    except Exception as exc:  # noqa: BLE001 - foreign input: whatever the read raises is one OSError
+        response.close()
+        if expired.is_set():
+            raise exporters.ReadError(f"the Ray dashboard gave no whole answer within {timeout:g}s") from None
+        raise exporters.why(exc) from None
+    finally:
+        if entry is not None:
+            exporters.forget_cut(entry)
+    response._content = body  # what requests would have read itself (Response.content)
+    response._content_consumed = True
+    return response

@@ -240,6 +240,7 @@ class Run:
         assert journal.record is not None
         self.spec = spec
         self.jobs = jobs
+        self._unanswered = False  # stopping, the cluster stopped answering: nothing more is asked of it
         self.journal = journal
         self.record: RunRecord = journal.record
         self.reporter = journal.reporter
@@ -465,7 +466,11 @@ class Run:
         # The attempt's last values, before a node is replaced or the cluster goes.
         self._record(True, f"attempt {attempt} ended")
         printed = tail.close() if tail is not None else 0
-        self._save_log(attempt, sid, printed)
+        if self._unanswered:  # its log would wait on a cluster that stopped answering, past a pod's grace period
+            self.reporter.warn(f"the cluster did not answer: the log of attempt {attempt} was not fetched "
+                               f"(`launcher logs {self.record.run_id} --attempt {attempt}` once it answers)")
+        else:
+            self._save_log(attempt, sid, printed)
         final = self.record.attempt(attempt)
         assert final is not None
         status = seen.status if seen is not None else final.status
@@ -493,6 +498,11 @@ class Run:
                 now_seen = self.jobs.status(attempt, self.submission_id(attempt))
                 last_ok = time.monotonic()
             except ClusterLost:
+                if ending in ("STOPPED", "DEADLINE_EXCEEDED") and stop_sent_at:
+                    # The run ends (a restart waits: its next attempt must not meet this one), the stop is
+                    # sent, and the cluster does not answer: a confirmation may never come.
+                    self._unanswered = True
+                    return ending, seen
                 if time.monotonic() - last_ok > LOST_AFTER_S:
                     raise
                 now_seen = None
