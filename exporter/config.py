@@ -281,7 +281,9 @@ class HttpSettings(_Strict):
         "Most /metrics scrapes served at once (node_exporter's --web.max-requests); more get 503."))
     idle_timeout_seconds: float = Field(30.0, gt=0, le=3600, description=(
         "A client must send a whole request header within this long of connecting or of its previous "
-        "request; an idle keep-alive connection is closed after it."))
+        "request, and a progress report's whole body within this long of its header (else 408); an idle "
+        "keep-alive connection is closed after it. At the connection cap, a connection silent for a second, "
+        "then the one the longest in its header, is dropped to make room."))
     write_timeout_seconds: float = Field(30.0, gt=0, le=3600, description=(
         "A client that reads none of a response for this long is disconnected."))
 

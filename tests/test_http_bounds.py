@@ -15,6 +15,7 @@ from aiohttp import web
 
 from exporter.config import HttpSettings
 from exporter.serving.guard import EVICTABLE_AFTER_S, Guard, GuardedTCPSite
+from scripts.ports import free_port
 from tests.conftest import wait_until
 
 SILENT_EXPORTER = ("--disable-collector", "gpu")  # the bounds do not depend on what is collected
@@ -80,30 +81,55 @@ def healthz(sock: socket.socket, close: bool = False) -> bytes:
     return answer
 
 
-def test_silent_connections_make_room_at_the_cap_busy_ones_get_503_and_idle_ones_are_closed(start_exporter):
-    running = start_exporter(*SILENT_EXPORTER, env={"RAYPULSE_EXPORTER_HTTP__MAX_CONNECTIONS": "4",
-                                                    "RAYPULSE_EXPORTER_HTTP__IDLE_TIMEOUT_SECONDS": "3"})
+def test_at_the_cap_silent_then_stalled_connections_make_room_requests_in_flight_get_503s_and_bodies_have_a_deadline(
+        start_exporter):
+    """Issue 41, finding 2: a client that opens connections and sends `GET /metrics HTTP/1.1` and nothing
+    more, or a POST's headers and never its body, held every slot (a liveness probe failed). At the cap the
+    oldest silent connection makes room, then the one the longest in its headers; only requests in flight
+    are never dropped, and a report's body has the idle deadline to come whole (408)."""
+    progress_port = free_port()
+    running = start_exporter(*SILENT_EXPORTER, "--progress-listen", f"127.0.0.1:{progress_port}",
+                             env={"RAYPULSE_EXPORTER_HTTP__MAX_CONNECTIONS": "4",
+                                  "RAYPULSE_EXPORTER_HTTP__IDLE_TIMEOUT_SECONDS": "6"})
     port = int(running.url.rsplit(":", 1)[1])
     silent = [connect(port) for _ in range(4)]  # accepted in order: these four fill the cap
     time.sleep(EVICTABLE_AFTER_S + 0.1)  # younger silent connections are never dropped (not read yet, maybe)
     with connect(port) as probe:  # the oldest silent one makes room: a health probe gets through
         assert healthz(probe, close=True).startswith(b"HTTP/1.1 200")  # and the exporter closes it
-    busy = []
+    stalled = []
     for _ in range(4):  # each newcomer takes the place of the oldest silent one
         sock = connect(port)
         assert healthz(sock).startswith(b"HTTP/1.1 200")  # answered: the exporter has heard from it
-        sock.sendall(b"GET /metrics HTTP/1.1\r\n")  # and it is in the middle of a request now
-        busy.append(sock)
-    with connect(port) as extra:  # no silent one left to drop: refused
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n")  # and it stalls in the middle of its headers
+        stalled.append(sock)
+    time.sleep(EVICTABLE_AFTER_S + 0.1)
+    with connect(port) as probe:  # the one the longest in its headers makes room
+        assert healthz(probe, close=True).startswith(b"HTTP/1.1 200")
+    waiting = []
+    for _ in range(4):  # whole headers, a body announced and never sent: requests in flight, each in a slot
+        sock = socket.create_connection(("127.0.0.1", progress_port), timeout=10)
+        sock.sendall(b"POST /v1/progress HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n")
+        waiting.append(sock)
+    for sock in stalled:  # each made room for a report (evicted), long before its idle bound
+        assert closed_by_peer(sock)
+        sock.close()
+    with connect(port) as extra:  # nothing left to drop: refused
         assert healthz(extra).startswith(b"HTTP/1.1 503")
-    for sock in [*silent, *busy]:  # evicted, or closed when their header did not complete in time
+    for sock in waiting:  # the body's deadline (the idle bound): 408, and the connection closed
+        sock.settimeout(30)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+        sock.close()
+    for sock in silent:  # evicted
         assert closed_by_peer(sock)
         sock.close()
     assert running.get("/healthz")[0] == 200
-    wait_until(lambda: self_metric(running, "raypulse_exporter_http_closed_total", reason="idle") >= 4
-               and self_metric(running, "raypulse_exporter_http_closed_total", reason="evicted") >= 4
+    wait_until(lambda: self_metric(running, "raypulse_exporter_http_closed_total", reason="evicted") >= 8
                and self_metric(running, "raypulse_exporter_http_refused_total", reason="connections") >= 1, 15,
-               "the closed and refused connections to be counted")
+               "the evicted and refused connections to be counted")
 
 
 def test_a_client_that_sends_its_header_a_byte_at_a_time_is_closed(start_exporter):

@@ -19,6 +19,7 @@ taken the exporter still serves metrics; `raypulse_train_endpoint_up` says 0.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -35,6 +36,7 @@ from exporter.serving.guard import Guard, GuardedTCPSite, GuardedUnixSite, runne
 
 log = logging.getLogger(__name__)
 PATH = wire.PROGRESS_PATH
+BODY_TIMEOUT_S = 30.0  # the default http.idle_timeout_seconds; the endpoint passes the configured one
 
 
 def _error(rejected: Rejected) -> web.Response:
@@ -110,7 +112,10 @@ def check_token(mode: str, key: TokenKey, header: str | None, reports: list[Repo
             raise Rejected(401, "unauthorized", f"reports[{index}]: the token is not the one of {kind} {name}")
 
 
-def progress_app(store: ProgressStore, token_key: TokenKey | None = None) -> web.Application:
+def progress_app(store: ProgressStore, token_key: TokenKey | None = None,
+                 body_timeout: float = BODY_TIMEOUT_S) -> web.Application:
+    """`body_timeout`: seconds for a report's whole body once its headers came (a client that announced a body
+    and sends none held a connection slot for as long as it liked; the guard bounds only headers)."""
     limit = store.settings.max_body_bytes
     mode = store.settings.token
     token_key = token_key or RayTokenKey()
@@ -123,7 +128,12 @@ def progress_app(store: ProgressStore, token_key: TokenKey | None = None) -> web
             if request.content_length is not None and request.content_length > limit:
                 raise store.reject(Rejected(413, "too_large", f"body of {request.content_length} bytes is over "
                                             f"progress.max_body_bytes ({limit})"))
-            body = await _read_bounded(request, limit)
+            try:
+                async with asyncio.timeout(body_timeout):
+                    body = await _read_bounded(request, limit)
+            except TimeoutError:
+                return web.json_response({"error": f"body: not whole within {body_timeout:g}s"}, status=408,
+                                         headers={"Connection": "close"})
             if body is None:
                 raise store.reject(Rejected(413, "too_large", f"body is over progress.max_body_bytes ({limit})"))
             try:
@@ -170,7 +180,8 @@ class ProgressEndpoint:
                       "RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token): the progress endpoint does not listen")
             return False
         extra = {"logger": self.logger} if self.logger is not None else {}
-        runner = web.AppRunner(progress_app(self.store, self.token_key), access_log=None, handle_signals=False,
+        runner = web.AppRunner(progress_app(self.store, self.token_key, self.guard.settings.idle_timeout_seconds),
+                               access_log=None, handle_signals=False,
                                **runner_options(self.guard.settings), **extra)
         await runner.setup()
         try:

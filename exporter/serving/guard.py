@@ -6,7 +6,9 @@ Every connection is therefore a `Guarded` protocol around aiohttp's own:
 
 - at most `max_connections` at once: at the cap, the oldest connection that has sent nothing for a
   second since it connected is dropped to make room (holding sockets open costs an attacker nothing;
-  a probe must get through), and if there is none the new one is answered 503 and closed at once;
+  a probe must get through), else the one whose request has been the longest in its headers (a second
+  at least: a client that sends `GET /metrics HTTP/1.1` and then nothing held every slot, and a
+  liveness probe failed), and if there is none the new one is answered 503 and closed at once;
 - `idle_timeout_seconds` to send a whole header block, after connecting or from a request's first
   byte: a slow sender is closed, and so (by aiohttp's keep-alive bound) is a connection idle between
   requests;
@@ -103,6 +105,7 @@ class Guarded(asyncio.Protocol):
         self._admitted = False
         self._silent = True  # nothing received yet: the first to go when room is needed
         self._connected_at = 0.0
+        self._partial_since: float | None = None  # when its request's headers began (None: not in them)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -119,11 +122,15 @@ class Guarded(asyncio.Protocol):
 
     def _evict_a_silent_one(self) -> bool:
         cutoff = self._connected_at - EVICTABLE_AFTER_S
-        silent = next((other for other in self.guard.open if other._silent and other._connected_at <= cutoff), None)
-        if silent is None:
+        chosen = next((other for other in self.guard.open if other._silent and other._connected_at <= cutoff), None)
+        if chosen is None:
+            partial = [other for other in self.guard.open
+                       if other._partial_since is not None and other._partial_since <= cutoff]
+            chosen = min(partial, key=lambda other: other._partial_since or 0.0, default=None)
+        if chosen is None:
             return False
-        silent._expire("evicted")
-        self.guard.open.pop(silent, None)  # its connection_lost comes later; its place is free now
+        chosen._expire("evicted")
+        self.guard.open.pop(chosen, None)  # its connection_lost comes later; its place is free now
         return True
 
     def _arm(self) -> None:
@@ -148,8 +155,11 @@ class Guarded(asyncio.Protocol):
         seen = self._tail + data
         if HEADERS_END in seen:
             self._disarm()  # a whole header block: the request is aiohttp's now (its keep-alive bound follows)
+            self._partial_since = None
         else:
             self._arm()  # the first bytes of a request (or its body): the clock runs until a header completes
+            if self._partial_since is None:
+                self._partial_since = asyncio.get_running_loop().time()
         self._tail = seen[-3:]
         self.inner.data_received(data)
 
