@@ -35,7 +35,7 @@ from launcher.runtime_env import NOT_TAKEN, RuntimeEnv, check_remote_package, is
 
 # Kubernetes DNS-1035 label (KubeRay's rule for RayJob names): names travel into RayJob, pod and
 # service names and into Ray submission ids.
-DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # Label keys become Prometheus label names (`label_<key>`) and `raypulse.io/<key>` pod labels.
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 # Label values must also be valid Kubernetes label values.
@@ -87,7 +87,7 @@ def _check_resources(resources: dict[str, float]) -> dict[str, float]:
 
 
 def _dns_label(value: str, limit: int) -> str:
-    if not DNS_LABEL.match(value) or len(value) > limit:
+    if not DNS_LABEL.fullmatch(value) or len(value) > limit:
         raise ValueError(f"{value!r} must start with a letter, then lowercase letters, digits or '-', end "
                          f"alphanumeric, at most {limit} characters")
     return value

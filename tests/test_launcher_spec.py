@@ -419,3 +419,10 @@ def test_audit_lines_say_when_who_what_and_result(tmp_path: Path, monkeypatch):
     [line] = audit.read()
     assert {"time", "user", "host", "action", "result"} <= set(line)
     assert (line["action"], line["result"], line["error"]) == ("submit", "bad input", "entrypoint: empty")
+
+
+@pytest.mark.parametrize("name", ["abc\n", "train\n"])
+def test_name_with_a_trailing_newline_is_not_a_dns_label(name):
+    # re.match with `$` lets "abc\n" through (issue 41, finding 9): the rule is a fullmatch.
+    with pytest.raises(SpecError, match="must start with a letter"):
+        build_spec({"name": name, "entrypoint": "python train.py"})
