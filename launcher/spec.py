@@ -361,7 +361,7 @@ class JobSpec(_Strict):
     @field_validator("workspace", "user")
     @classmethod
     def _label_value(cls, value: str) -> str:
-        if not LABEL_VALUE.match(value):
+        if not LABEL_VALUE.fullmatch(value):
             raise ValueError(f"{value!r} must be 1-63 letters, digits, '-', '_' or '.', alphanumeric at both ends")
         return value
 
@@ -371,11 +371,11 @@ class JobSpec(_Strict):
         if len(value) > MAX_LABELS:
             raise ValueError(f"at most {MAX_LABELS} labels (they become metric labels)")
         for key, label in value.items():
-            if not LABEL_KEY.match(key):
+            if not LABEL_KEY.fullmatch(key):
                 raise ValueError(f"label key {key!r} must be snake_case: a-z first, then a-z, 0-9, _")
             if key in ("workspace", "user", "job_name", "run_id", "attempt"):
                 raise ValueError(f"label key {key!r} is reserved; use the {key} field")
-            if not LABEL_VALUE.match(label):
+            if not LABEL_VALUE.fullmatch(label):
                 raise ValueError(f"label {key}={label!r}: the value must be 1-63 letters, digits, '-', '_' or '.', "
                                  "alphanumeric at both ends")
         return value

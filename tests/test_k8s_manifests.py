@@ -483,3 +483,12 @@ def test_exporter_manifests_names_the_command_that_replaced_it(args: list[str]):
     assert result.stdout == ""
     assert result.stderr.splitlines() == [f"exporter: {MANIFESTS_MOVED}"]
     assert "`launcher exporters manifests`" in MANIFESTS_MOVED
+
+
+@pytest.mark.parametrize("field", ["namespace", "name", "release"])
+def test_a_name_with_a_trailing_newline_is_refused(field: str):
+    """`re.match` with `$` takes "abc\\n" as "abc": every name rule is matched whole (issue 41, finding 9)."""
+    from launcher.deploy.manifests import Options
+
+    with pytest.raises(ValueError, match=field):
+        Options(**{field: "raypulse\n"})

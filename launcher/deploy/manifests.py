@@ -127,11 +127,11 @@ class Options:
 
     def __post_init__(self) -> None:
         for what, value, longest in (("namespace", self.namespace, 63), ("name", self.name, 40)):
-            if len(value) > longest or not _DNS_LABEL.match(value):
+            if len(value) > longest or not _DNS_LABEL.fullmatch(value):
                 raise ValueError(f"{what} {value!r} must be a DNS label of at most {longest} characters: lower-case "
                                  "letters, digits and '-', starting with a letter")
         if self.release is not None and (not self.release or len(self.release) > 63
-                                         or not _LABEL_VALUE.match(self.release)):
+                                         or not _LABEL_VALUE.fullmatch(self.release)):
             raise ValueError(f"release {self.release!r} is not a Kubernetes label value (at most 63 characters: "
                              "letters, digits, '-', '_', '.', starting and ending alphanumeric)")
         if self.profile is not None and self.profile not in profiles.NAMES:
@@ -139,11 +139,11 @@ class Options:
         for what, names in (("web config secret", [self.web_config_secret] if self.web_config_secret else []),
                             ("image pull secret", self.image_pull_secrets)):
             for name in names:
-                if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+                if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
                     raise ValueError(f"{what} {name!r} is not a Secret name (lower-case letters, digits, '-' "
                                      "and '.', at most 253 characters)")
         for name in self.env:
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"env {name!r} is not an environment variable name (letters, digits, '_', '-', "
                                  "'.', not starting with a digit)")
         for toleration in self.tolerations:
