@@ -51,6 +51,13 @@ def submit(env: dict[str, str], run_id: str, *flags: str) -> subprocess.Complete
     return launcher(env, "submit", "--backend", "kuberay", "--run-id", run_id, *flags, "--", "python train.py")
 
 
+def submitting(env: dict[str, str], run_id: str, *flags: str) -> subprocess.Popen:
+    """`launcher submit` of a RayJob, left running (its output piped) for the test to act on."""
+    return subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id", run_id,
+                             *flags, "--", "python train.py"], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
 def record(env: dict[str, str], run_id: str) -> dict:
     result = launcher(env, "status", run_id, "-o", "json")
     assert result.returncode == 0, result.stderr
@@ -80,9 +87,7 @@ def test_a_watch_too_old_to_resume_starts_from_a_fresh_list(env: dict[str, str],
     """After a compaction the RayJob's own resourceVersion is too old to watch from (410 Gone, for good):
     the follower lists it again and watches from the list's version, and still sees the stop."""
     api_server.scripts["gone-1"] = [Attempt("HOLD", ["waiting"])]
-    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
-                                "gone-1", "--", "python train.py"], cwd=REPO, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = submitting(env, "gone-1")
     try:
         wait_until(lambda: _running(env, "gone-1"), 60, "the RayJob to run")
         api_server.compact(NAMESPACE)
@@ -155,9 +160,7 @@ def _running(env: dict[str, str], run_id: str) -> bool:
 @pytest.mark.parametrize("how", ["ctrl-c", "launcher stop"])
 def test_a_stop_deletes_the_rayjob_and_exits_3(env: dict[str, str], api_server: FakeApiServer, how: str):
     api_server.scripts["hold-1"] = [Attempt("HOLD", ["waiting"])]
-    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
-                                "hold-1", "--", "python train.py"], cwd=REPO, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = submitting(env, "hold-1")
     try:
         wait_until(lambda: _running(env, "hold-1"), 60, "the RayJob to run")
         if how == "ctrl-c":
@@ -174,9 +177,7 @@ def test_a_stop_deletes_the_rayjob_and_exits_3(env: dict[str, str], api_server: 
 
 def test_under_kueue_a_stop_suspends_the_rayjob(env: dict[str, str], api_server: FakeApiServer):
     api_server.scripts["queued-1"] = [Attempt("HOLD", ["waiting"])]
-    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
-                                "queued-1", "--queue", "team-nlp", "--", "python train.py"], cwd=REPO, env=env,
-                               text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = submitting(env, "queued-1", "--queue", "team-nlp")
     try:  # Kueue's webhook suspended it: the launcher waits while it is queued, and follows it once admitted
         wait_until(lambda: (api_server.rayjob(NAMESPACE, "queued-1") or {}).get("status", {}).get(
             "jobDeploymentStatus") == "Suspended", 60, "Kueue to hold the RayJob")
@@ -220,9 +221,7 @@ def test_stop_of_a_run_nothing_follows_deletes_the_rayjob(env: dict[str, str], a
 
 def test_a_second_submit_of_a_followed_run_is_refused(env: dict[str, str], api_server: FakeApiServer):
     api_server.scripts["twice-1"] = [Attempt("HOLD", ["waiting"])]
-    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
-                                "twice-1", "--", "python train.py"], cwd=REPO, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = submitting(env, "twice-1")
     try:
         wait_until(lambda: _running(env, "twice-1"), 60, "the RayJob to run")
         again = submit(env, "twice-1")
@@ -266,9 +265,7 @@ def test_an_api_server_outage_shorter_than_the_loss_limit_leaves_the_run_followe
     from launcher.run import LOST_AFTER_S
 
     api_server.scripts["blip-1"] = [Attempt("HOLD", ["training"])]
-    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
-                                "blip-1", "--", "python train.py"], cwd=REPO, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = submitting(env, "blip-1")
     try:
         wait_until(lambda: _running(env, "blip-1"), 60, "the RayJob to run")
         api_server.outage(3)
@@ -290,9 +287,7 @@ def test_a_stop_asked_during_an_outage_is_carried_out_once_the_server_answers(en
     """The delete that a stop needs meets 503s: it is asked again (the server's trouble, not the request's)
     until the server answers, within the loss limit; the run then stops as asked, not as bad input."""
     api_server.scripts["stop-blip-1"] = [Attempt("HOLD", ["training"])]
-    process = subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id",
-                                "stop-blip-1", "--", "python train.py"], cwd=REPO, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = submitting(env, "stop-blip-1")
     try:
         wait_until(lambda: _running(env, "stop-blip-1"), 60, "the RayJob to run")
         api_server.outage(6)
