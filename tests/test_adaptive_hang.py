@@ -27,18 +27,10 @@ FAST_THEN_HANGS = ("python -c 'import time\nfrom exporter import progress\nbegan
                    "    time.sleep(0.2)\nprogress.flush()\ntime.sleep(3600)'")
 
 
-@pytest.fixture(scope="module")
-def home(shared_launcher_home: Path) -> Path:
-    return shared_launcher_home  # where the shared cluster is known
-
-
-@pytest.fixture(scope="module")
-def kept(shared_cluster: SharedCluster) -> dict:
-    """The shared cluster (tests/conftest.py): the run ends with its job stopped, as it found the cluster."""
-    return shared_cluster.record()
-
-
-def test_a_job_of_fast_steps_is_judged_hung_within_two_minutes_with_the_default_policy(home: Path, kept: dict):
+def test_a_job_of_fast_steps_is_judged_hung_within_two_minutes_with_the_default_policy(
+        shared_launcher_home: Path, shared_cluster: SharedCluster):
+    home = shared_launcher_home  # where the shared cluster is known; the run ends with its job stopped
+    shared_cluster.record()
     result = launcher("submit", "--cluster", SharedCluster.name, "--run-id", "adaptive-fast-1", "--max-retries",
                       "0", "--", FAST_THEN_HANGS, home=home, timeout=800)
     assert result.returncode == 7, result.stderr  # UNHEALTHY: a fault with no retries left
