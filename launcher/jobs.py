@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -88,14 +89,11 @@ class JobsClient:
         self.headers = self.dashboard.headers
         self.verify = True if verify is None else verify
         self.ray_version = self._check(field)
-        from ray.job_submission import JobSubmissionClient
-
         # Ray's client logs uploads and closed log streams at INFO on stderr, between the job's own
         # lines; the launcher reports what matters itself.
         logging.getLogger("ray").setLevel(logging.WARNING)
         with _without_address_env():
-            self._client = _bounded_client(JobSubmissionClient)(self.address, headers=self.headers,
-                                                                 verify=self.verify)
+            self._client = _bounded_client()(self.address, headers=self.headers, verify=self.verify)
 
     def _check(self, field: str) -> str:
         try:
@@ -169,11 +167,14 @@ class JobsClient:
         return thread
 
 
-def _bounded_client(base: type) -> type:
+@functools.cache
+def _bounded_client() -> type:
     """Ray's JobSubmissionClient, every request bounded (the module's docstring): its own requests go
-    through `_do_request`, which passes keyword arguments on to `requests.request`."""
+    through `_do_request`, which passes keyword arguments on to `requests.request`. Made at the first
+    client (importing Ray is not for every launcher command)."""
+    from ray.job_submission import JobSubmissionClient
 
-    class BoundedJobSubmissionClient(base):  # type: ignore[misc, valid-type]
+    class BoundedJobSubmissionClient(JobSubmissionClient):
         def _do_request(self, method: str, endpoint: str, *, data: bytes | None = None,
                         json_data: dict | None = None, **kwargs: Any) -> Any:
             timeout = UPLOAD_TIMEOUT_S if data is not None else LOGS_TIMEOUT_S if endpoint.endswith("/logs") \
