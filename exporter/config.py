@@ -150,12 +150,27 @@ LISTEN_OFF = "off"
 _LABEL_VALUE = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$"
 
 
-# An actor's part in an RL run (or any Ray workload), from its class name: rollout and inference
-# engines, RLlib's EnvRunners generate; learners, Ray Train's workers (RayTrainWorker, and _WrappedExecutable,
-# which is how RLlib's LearnerGroup runs its Learners) train.
+# An actor's part in an RL run (or any Ray workload), from the class name Ray gives its tasks: the last
+# part of the qualified name (verl's WorkerDict, a class made inside a function, is "WorkerDict"). First
+# match wins, so the narrow roles go first and verl's ActorRolloutRefWorker (the policy's trainer, with its
+# rollout and reference) is no generator. Names from each framework's source:
+# - verl 0.8.0.dev (b178a3c): workers/fsdp_workers.py and megatron_workers.py (ActorRolloutRefWorker,
+#   CriticWorker, RewardModelWorker), workers/engine_workers.py (TrainingWorker), single_controller/ray/
+#   base.py (WorkerDict, FusedWorker), workers/rollout/*_async_server.py (vLLMHttpServer, SGLangHttpServer,
+#   TRTLLMHttpServer), experimental/agent_loop (AgentLoopWorker), experimental/reward_loop (RewardLoopWorker);
+# - OpenRLHF 0.11.0 (3c3be62): trainer/ray/ (PolicyModelActor, ReferenceModelActor, RewardModelActor,
+#   CriticModelActor, RolloutRayActor; LLMRayActor before it), trainer/ppo_trainer_async.py
+#   (GenerateSamplesActor, TrainingActor);
+# - Ray 2.60: Train's RayTrainWorker, RLlib's EnvRunners and _WrappedExecutable (how its LearnerGroup runs
+#   its Learners). TRL under Ray Train runs in RayTrainWorkers.
 DEFAULT_ACTOR_ROLES = {
-    "generator": r"(?i)generat|rollout|sampler|env_?runner|inference|vllm|llm_?engine|sglang",
-    "trainer": r"(?i)trainer|learner|train_?worker|wrappedexecutable|fsdp|megatron|deepspeed",
+    "reference": r"(?i)reference",
+    "reward": r"(?i)reward",
+    "critic": r"(?i)critic",
+    "generator": r"(?i)generat|rollout(?!ref)|sampler|env_?runner|inference|vllm|llm_?engine|llmrayactor|sglang"
+                 r"|trtllm|agentloop",
+    "trainer": r"(?i)trainer|learner|train(?:ing)?_?(?:worker|actor)|policymodel|actorrolloutref|workerdict"
+               r"|fusedworker|wrappedexecutable|fsdp|megatron|deepspeed",
 }
 MAX_ACTOR_ROLES = 8
 ACTOR_ROLE_NAME = r"[a-z][a-z0-9_]{0,31}"

@@ -373,6 +373,33 @@ def test_actors_get_their_role_from_their_class_and_the_roles_gpus_are_averaged(
     assert one(out, ROLE_GPUS, **job, actor_role="") is None  # an actor without a role is in no role series
 
 
+# The class names Ray gives the RL frameworks' actors (the last part of the qualified name: checked on Ray
+# 2.60, where a class made inside a function, like verl's WorkerDict, runs tasks named "WorkerDict.ping"),
+# read from each framework's source at the version exporter/config.py's DEFAULT_ACTOR_ROLES names.
+FRAMEWORK_ACTORS = {
+    "verl": {"ActorRolloutRefWorker": "trainer", "AsyncActorRolloutRefWorker": "trainer", "WorkerDict": "trainer",
+             "FusedWorker": "trainer", "TrainingWorker": "trainer", "CriticWorker": "critic",
+             "RewardModelWorker": "reward", "RewardLoopWorker": "reward", "vLLMHttpServer": "generator",
+             "SGLangHttpServer": "generator", "TRTLLMHttpServer": "generator", "AgentLoopWorker": "generator",
+             "FullyAsyncRollouter": "generator", "FullyAsyncTrainer": "trainer", "TaskRunner": ""},
+    "OpenRLHF": {"PolicyModelActor": "trainer", "ReferenceModelActor": "reference", "RewardModelActor": "reward",
+                 "CriticModelActor": "critic", "RolloutRayActor": "generator", "LLMRayActor": "generator",
+                 "GenerateSamplesActor": "generator", "TrainingActor": "trainer"},
+    "Ray": {"RayTrainWorker": "trainer", "SingleAgentEnvRunner": "generator", "MultiAgentEnvRunner": "generator",
+            "_WrappedExecutable": "trainer"},
+}
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORK_ACTORS))
+def test_the_default_roles_name_each_rl_frameworks_actors(framework: str):
+    from exporter.collectors.ray.actor_roles import ActorRoles
+    from exporter.config import load_config
+
+    roles = ActorRoles(load_config({}, environ={}).ray.actor_roles)
+    expected = FRAMEWORK_ACTORS[framework]
+    assert {actor_class: roles.of(actor_class) for actor_class in expected} == expected
+
+
 def test_actor_roles_are_configurable_and_checked():
     from exporter.collectors.ray.actor_roles import ActorRoles
     from exporter.config import ConfigError, load_config

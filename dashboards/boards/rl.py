@@ -104,7 +104,8 @@ ROLES = Row("Generators and trainers", collapsed=False, panels=(
     Panel("Actors by role", "short", (
         Target(f"sum by ({PER_ROLE}) ({S('raypulse_job_processes', HAS_ROLE)})", JOB + " {{actor_role}}"),),
         "The job's actor processes by role, from their class names (the exporter's ray.actor_roles: "
-        "rollout and inference engines, RLlib's EnvRunners generate; learners and Ray Train workers train).",
+        "rollout and inference engines, RLlib's EnvRunners generate; learners and Ray Train workers train; "
+        "verl's and OpenRLHF's reference, reward and critic models have roles of their own).",
         width=8, min=0),
     Panel("CPU by role", "short", (
         Target(f"sum by ({PER_ROLE}) ({rate(S('raypulse_job_process_cpu_seconds_total', HAS_ROLE))})",

@@ -1,6 +1,7 @@
 """Which part an actor plays in its job, from its class name and `ray.actor_roles`: in an RL run,
-generator (rollout and inference engines, RLlib's EnvRunners) or trainer (learners, Ray Train's
-workers). The `actor_role` label is a function of the `actor_class` label, so it adds no series."""
+generator (rollout and inference engines, RLlib's EnvRunners), trainer (learners, Ray Train's
+workers), reference, reward or critic model. The `actor_role` label is a function of the
+`actor_class` label, so it adds no series."""
 
 from __future__ import annotations
 
