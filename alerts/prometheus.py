@@ -2,7 +2,8 @@
 one accessor each) and the one builder of a Prometheus configuration that scrapes the exporters and
 evaluates the rules. `launcher prometheus-config`, `make demo`, the drills and the tests all use it.
 
-    config(sd_url="http://head:9477/sd")                 # every node's exporter via the head's /sd
+    config(sd_url="http://head:9477/sd")                 # every node's exporter via the head's /sd,
+                                                         # and Ray's metrics agents via /sd/ray (job "ray")
     config(targets=["10.0.0.5:9477"], labels={"cluster": "c1"}, alertmanager="127.0.0.1:9093")
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 import yaml
 
 from alerts.config import DEFAULT, Config
+from exporter.contract import wire
 
 RULES_DIR = Path(str(files("alerts").joinpath("rules")))
 ALERTMANAGER_EXAMPLE = Path(str(files("alerts").joinpath("alertmanager.yml")))
@@ -45,10 +47,12 @@ def config(*, sd_url: str | None = None, targets: Sequence[Target] = (), labels:
            scrape_interval: str = "15s", evaluation_interval: str | None = None,
            sd_refresh_interval: str | None = None, alertmanager: str | None = None,
            rules: Sequence[Path] | None = None, relabel_configs: Sequence[Mapping[str, Any]] = (),
-           alerts_config: Config = DEFAULT) -> dict[str, Any]:
+           alerts_config: Config = DEFAULT, ray_metrics: bool = True) -> dict[str, Any]:
     """One scrape job (named as the alert rules select it) fed by a head exporter's /sd and/or fixed
     targets (each with `labels`, and labels of its own), the rule files (raypulse's by default;
-    `rules=[]` for none), and Alertmanager when given."""
+    `rules=[]` for none), and Alertmanager when given. With /sd and `ray_metrics`, a second job,
+    wire.RAY_METRICS_JOB, scrapes every Ray node's metrics agent the head lists at wire.RAY_SD_PATH
+    (what runs on the nodes reports there: vLLM's engines in an RL run)."""
     job: dict[str, Any] = {"job_name": alerts_config.scrape_job}
     if sd_url:
         job["http_sd_configs"] = [{"url": sd_url, "refresh_interval": sd_refresh_interval or scrape_interval}]
@@ -61,10 +65,15 @@ def config(*, sd_url: str | None = None, targets: Sequence[Target] = (), labels:
                                  for target, own in groups]
     if relabel_configs:
         job["relabel_configs"] = [dict(item) for item in relabel_configs]
+    jobs = [job]
+    if sd_url and ray_metrics:
+        ray_sd = sd_url.removesuffix(wire.SD_PATH) + wire.RAY_SD_PATH
+        jobs.append({"job_name": wire.RAY_METRICS_JOB,
+                     "http_sd_configs": [{"url": ray_sd, "refresh_interval": sd_refresh_interval or scrape_interval}]})
     result: dict[str, Any] = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval or scrape_interval},
         "rule_files": [str(path) for path in (rule_files() if rules is None else rules)],
-        "scrape_configs": [job],
+        "scrape_configs": jobs,
     }
     if alertmanager:
         result["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}

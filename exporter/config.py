@@ -198,6 +198,11 @@ class RaySettings(_Strict):
         "exact at any number of actors, where the State API stops at 10,000 rows. No token is sent there. "
         "Unset: the metrics port of the head raylet on this host (its command line), else the actors are "
         "counted through the State API."))
+    discover_metrics_agents: bool = Field(True, description=(
+        "On the head, list every Ray node's metrics agent at /sd/ray (from the discovery file Ray's dashboard "
+        "writes in its session directory), labelled like the node's exporter, for a Prometheus scrape job "
+        "named `ray`: what runs on the nodes reports there through ray.util.metrics, vLLM's engines in an RL "
+        "run among them. Turn it off where Ray's own file discovery or a PodMonitor already scrapes them."))
     request_timeout_seconds: float = Field(3.0, gt=0, le=60, description="A dashboard request taking longer "
                                            "fails (and the series it feeds are omitted for that run).")
     finished_job_retention_seconds: float = Field(3600.0, ge=0, le=30 * 86400, description=(

@@ -421,10 +421,16 @@ def test_deploy_with_a_web_config_serves_tls_and_basic_auth_everywhere(deploymen
                                      "--basic-auth-user", "prometheus", "--basic-auth-password-file",
                                      str(tmp_path / "password"))
         assert config.returncode == 0, config.stderr
-        job = yaml.safe_load(config.stdout)["scrape_configs"][0]
+        job, ray_job = yaml.safe_load(config.stdout)["scrape_configs"]
         assert job["scheme"] == "https"
         assert job["http_sd_configs"][0]["url"].startswith("https://")
         assert job["basic_auth"] == {"username": "prometheus", "password_file": str(tmp_path / "password")}
+        # Ray's metrics agents get no credentials; the read of /sd/ray carries them as /sd's does.
+        assert ray_job["job_name"] == wire.RAY_METRICS_JOB
+        assert "basic_auth" not in ray_job
+        assert "scheme" not in ray_job
+        assert ray_job["http_sd_configs"][0]["url"] == job["http_sd_configs"][0]["url"] + "/ray"
+        assert ray_job["http_sd_configs"][0]["basic_auth"] == job["basic_auth"]
         # Each node's private directory: the web config and the log, this user's only.
         for directory in Path(tempfile.gettempdir()).glob("raypulse-exporter-*-*-*"):
             port = directory.name.split("-")[3]

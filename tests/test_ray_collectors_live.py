@@ -120,7 +120,10 @@ def run_the_jobs(s: Scenario, stop_file: Path) -> None:
     # few seconds later, more on a busy machine: wait for it rather than read it at a moment.
     wait_query(p, 'raypulse_ray_resource_used{resource="CPU"} == 2', "the actors' CPUs in Ray's resource view")
     use_gpus(s, f"{RUN}-2")
+    vllm = f'ray_vllm_num_requests_running{{job="{wire.RAY_METRICS_JOB}", cluster="it", model_name="tiny"}}'
+    wait_query(p, vllm, "the actors' vLLM-named gauges, through Ray's metrics agents and /sd/ray", count=2)
     s.while_running = {
+        "vllm": query(p, vllm),
         "cpu": query(p, cpu),
         "actor_memory": query(p, f'raypulse_job_process_resident_memory_bytes{{submission_id="{RUN}-2", '
                                  f'process_role="actor"}}'),
@@ -268,6 +271,12 @@ def test_service_discovery_finds_every_nodes_exporter(scenario):
         assert labels["instance"].endswith(suffix(exporter))
     nodes_up = query(scenario.prometheus, "raypulse_ray_nodes{state='ALIVE'}")
     assert by(nodes_up, "role") == {"head": 2}  # the head exporter's view of the cluster, from its target
+
+
+def test_a_gauge_named_as_vllm_names_it_reaches_prometheus_through_rays_metrics_agents(scenario):
+    # Each actor set its engine's gauge; Prometheus found the agents at the head's /sd/ray (job "ray").
+    found = scenario.while_running["vllm"]
+    assert {(r["metric"]["engine"], float(r["value"][1])) for r in found} == {("0", 3.0), ("1", 4.0)}
 
 
 def test_exposition_with_ray_series_is_clean_and_matches_the_catalog(scenario):

@@ -26,6 +26,10 @@ EXPORTER_PORT = 9477  # /metrics, /healthz, /readyz, /sd
 PROGRESS_PORT = 9478  # the progress endpoint (loopback by default)
 PROGRESS_PATH = "/v1/progress"
 SD_PATH = "/sd"  # Prometheus HTTP service discovery, on the head's exporter
+# ...and of every Ray node's metrics agent (ray.util.metrics, vLLM's engines), scraped as job RAY_METRICS_JOB
+RAY_SD_PATH = "/sd/ray"
+RAY_METRICS_JOB = "ray"  # the job Ray's own file discovery and KubeRay's PodMonitor give these targets
+RAY_SD_FILE = "prom_metrics_service_discovery.json"  # Ray's file discovery, in its session directory
 METRICS_PATH = "/metrics"
 HEALTH_PATH = "/healthz"
 # A node's health digest (exporter/contract/digest.py), and on the head every node's in one document:

@@ -76,6 +76,7 @@ class ServiceDiscovery:
 
     role: str  # this exporter's Ray role: /sd is served on the head only
     groups: tuple[Mapping[str, Any], ...] = ()  # [{"targets": ["ip:port"], "labels": {...}}, ...]
+    metrics_agents: tuple[Mapping[str, Any], ...] = ()  # Ray's metrics agents, alike (wire.RAY_SD_PATH)
 
 
 @dataclass

@@ -122,6 +122,7 @@ class Exporter:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/", self._index)
         app.router.add_get(wire.SD_PATH, self._sd)
+        app.router.add_get(wire.RAY_SD_PATH, self._ray_sd)
         app.router.add_get(wire.DIGEST_PATH, self._digest)
         app.router.add_get(wire.FLEET_PATH, self._fleet)
         return app
@@ -224,6 +225,13 @@ class Exporter:
             settings = self.config.node_exporter
             groups += node_exporter_groups(found.groups, settings.port, settings.job)
         return web.Response(text=json.dumps(groups), content_type="application/json",
+                            headers={"Cache-Control": "no-store"})
+
+    async def _ray_sd(self, request: web.Request) -> web.Response:
+        found = self._head_view()
+        if found is None:
+            return self._not_head(wire.RAY_SD_PATH)
+        return web.Response(text=json.dumps(found.metrics_agents), content_type="application/json",
                             headers={"Cache-Control": "no-store"})
 
     async def _digest(self, request: web.Request) -> web.Response:

@@ -1,6 +1,7 @@
 """The head role: jobs, nodes, resources, actors, tasks and placement groups of the whole Ray
 cluster from the dashboard, and the target groups of every node's exporter, which the exporter
-serves at /sd (published in `Shared.service_discovery`).
+serves at /sd, and of every node's Ray metrics agent, served at /sd/ray (metrics_agents.py; both
+published in `Shared.service_discovery`).
 
 It runs on every exporter but does nothing unless this exporter's role is head (`--ray-role`,
 or auto: a watched raylet here is the head), so only one exporter per cluster asks the dashboard
@@ -18,13 +19,14 @@ parsed and samples built off the event loop, so /healthz answers at once during 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.collectors.ray import cluster, job_workload, jobs
+from exporter.collectors.ray import cluster, job_workload, jobs, metrics_agents
 from exporter.collectors.ray.dashboard import Cuts, DashboardError, StateList, connect
 from exporter.collectors.ray.localray import LocalRay, Raylet
 from exporter.collectors.ray.process_info import start_time
@@ -37,6 +39,7 @@ from exporter.framework.shared import ServiceDiscovery, Shared
 from exporter.framework.snapshot import SampleSink
 
 NAME = jobs.NAME
+log = logging.getLogger(__name__)
 _RAY_DOWN = ("unreachable", "timeout")
 STATE_RESOURCES = ("actors", "tasks", "nodes", "placement_groups")
 
@@ -80,6 +83,8 @@ class RayHeadCollector(AsyncCollector):
         self.bytes_read = 0  # by the last run: what the dashboard's replies weighed
         # The last node list stays on /sd while the dashboard is down: the nodes' exporters still answer.
         self._sd_groups: tuple[dict[str, object], ...] = ()
+        self._agent_groups: tuple[dict[str, object], ...] = ()  # kept while Ray's file does not read
+        self._agents_read = True  # the last read worked: a failure after it is logged once
         self._deployed_ports: dict[str, int] = {}
 
     async def collect(self, out: SampleSink) -> None:
@@ -88,7 +93,7 @@ class RayHeadCollector(AsyncCollector):
         if role != "head":
             self.shared.service_discovery.publish(ServiceDiscovery(role))
             return
-        self.shared.service_discovery.publish(ServiceDiscovery(role, self._sd_groups))
+        self.shared.service_discovery.publish(ServiceDiscovery(role, self._sd_groups, self._agent_groups))
         now = time.time()
         cuts = Cuts()
         async with connect(self.local, raylets) as api:
@@ -145,7 +150,9 @@ class RayHeadCollector(AsyncCollector):
             if self._deployed_ports and any(n.alive and n.node_id not in self._deployed_ports
                                             and wire.NODE_LABEL_EXPORTER_PORT not in n.labels for n in nodes):
                 self.deployed.missing()  # a node joined since the deploy actors were read
-            self.shared.service_discovery.publish(ServiceDiscovery("head", self._sd_groups))
+        if self.settings.discover_metrics_agents:
+            self._read_metrics_agents(session_dirs)
+        self.shared.service_discovery.publish(ServiceDiscovery("head", self._sd_groups, self._agent_groups))
         if self._usable(read.status, out) and isinstance(read.status, dict):
             cluster.emit_resources(out, read.status.get("data") or {}, nodes)
         if self._usable(read.actors, out):
@@ -156,6 +163,18 @@ class RayHeadCollector(AsyncCollector):
         for resource, total in self.truncations.items():
             out.add(TRUNCATIONS, total, resource=resource)
         cuts.warn()
+
+    def _read_metrics_agents(self, session_dirs: list[Path]) -> None:
+        try:
+            targets = metrics_agents.read_targets(session_dirs)
+        except metrics_agents.UnreadableFile as exc:
+            if self._agents_read:
+                log.warning("Ray's metrics agents are not listed at %s: %s (Ray's dashboard writes that file on "
+                            "the head; set ray.discover_metrics_agents: false to stop looking)", wire.RAY_SD_PATH, exc)
+            self._agents_read = False
+            return
+        self._agents_read = True
+        self._agent_groups = tuple(metrics_agents.agent_groups(targets, self._sd_groups, self.cluster))
 
     @staticmethod
     def _usable(part: object, out: SampleSink) -> bool:

@@ -1,6 +1,7 @@
 """A small training job for the Ray tests: two actors burn CPU and report progress through
 exporter.progress; the first attempt (metadata raypulse.attempt=1) fails, a later one runs until
-the stop file named on the command line appears, then reports a checkpoint and succeeds."""
+the stop file named on the command line appears, then reports a checkpoint and succeeds. Each actor
+also sets a gauge as a vLLM engine inside Ray names it, through Ray's metrics agent."""
 
 import json
 import math
@@ -9,6 +10,7 @@ import sys
 import time
 
 import ray
+from ray.util.metrics import Gauge
 
 from exporter import progress
 
@@ -21,6 +23,11 @@ stop_file = sys.argv[1]
 class Trainer:
     def __init__(self, rank: int) -> None:
         self.rank = rank
+        # vLLM's RayPrometheusStatLogger (vllm/v1/metrics/ray_wrappers.py) names its gauges so, ':' made
+        # '_'; Ray's metrics agent serves this one as ray_vllm_num_requests_running.
+        self.requests_running = Gauge("vllm_num_requests_running", "Requests in the engine's running batch",
+                                      tag_keys=("model_name", "engine"))
+        self.requests_running.set(3 + rank, tags={"model_name": "tiny", "engine": str(rank)})
 
     def train(self, fail_at_step, stop_file: str) -> int:
         loss = 4.0
