@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from exporter.contract import node_exporter
+from exporter.contract import node_exporter, vllm
 from exporter.framework.catalog import CATALOG, MetricSpec
 from exporter.framework.collector import load_collectors
 
@@ -28,11 +28,13 @@ from exporter.framework.collector import load_collectors
 TARGET_LABELS = frozenset({"job", "instance", "cluster", "node", "role", "ray_node_id"})
 # Series that are not ours but that dashboards read: Prometheus's own, with the labels we filter on.
 # ALERTS keeps the labels of the alert's expression; ours keep these where the expression has them.
-# node_exporter's get the same target labels from /sd (exporter/contract/node_exporter.py).
+# node_exporter's get the same target labels from /sd (exporter/contract/node_exporter.py), vLLM's
+# engines' the same from /sd/ray (exporter/contract/vllm.py).
 FOREIGN = {"up": TARGET_LABELS,
            "ALERTS": frozenset({"cluster", "node", "gpu", "submission_id", "alertname", "alertstate", "severity",
                                 "scope"}),
-           **{name: labels | TARGET_LABELS for name, labels in node_exporter.FAMILIES.items()}}
+           **{name: labels | TARGET_LABELS for name, labels in node_exporter.FAMILIES.items()},
+           **{name: labels | TARGET_LABELS for name, labels in vllm.FAMILIES.items()}}
 
 
 # raypulse's rule files (package data beside this package; read, not imported: dashboards/ and

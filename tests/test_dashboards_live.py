@@ -33,7 +33,7 @@ import pytest
 import launcher
 from alerts import prometheus
 from dashboards import livecheck
-from exporter.contract import node_exporter, wire
+from exporter.contract import node_exporter, vllm, wire
 from exporter.gpusim import control
 from scripts.ports import free_port_range
 from tests.conftest import REPO, exporter_command, free_port, http_get, wait_until
@@ -72,16 +72,18 @@ NOT_ON_THIS_HOST = {
 
 # The staged job: two GPU actors in a placement group that register their processes with the
 # GPU simulator (as CUDA would make them appear in NVML), print, report progress and timed
-# checkpoints; attempt 1 fails at step 5, attempt 2 reports a NaN loss at step 3 (the launcher's
-# health watcher stops it and heals the run: the Healing panels), attempt 3 runs until the stop file
-# appears.
+# checkpoints, and report as a vLLM engine inside Ray does; attempt 1 fails at step 5, attempt 2
+# reports a NaN loss at step 3 (the launcher's health watcher stops it and heals the run: the
+# Healing panels), attempt 3 runs until the stop file appears.
 JOB = r'''
 import json, math, os, sys, time
 from pathlib import Path
 import ray
+from ray.util.metrics import Counter, Gauge, Histogram
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from exporter import progress
+from exporter.contract import vllm
 from exporter.gpusim import control
 
 attempt = int(os.environ.get("RAYPULSE_ATTEMPT", "1"))
@@ -98,6 +100,14 @@ class Trainer:
                                   name="ray::Trainer")
         control.update(path, lambda c: control.gpu_entry(c, gpu).processes.append(process))
         print(f"trainer {rank} on GPU {gpu}", flush=True)  # the workers' output: the output panels
+        # What a vLLM engine inside Ray reports through ray.util.metrics: the RL board's rollout-engine row.
+        keys, self.engine = ("model_name", "engine"), {"model_name": "tiny", "engine": str(rank)}
+        self.running, self.waiting, self.kv_cache = (Gauge(vllm.registered(name), "", tag_keys=keys) for name in (
+            vllm.REQUESTS_RUNNING, vllm.REQUESTS_WAITING, vllm.KV_CACHE_USAGE))
+        self.preempted, self.generated = (Counter(vllm.registered(name), "", tag_keys=keys) for name in (
+            vllm.PREEMPTIONS, vllm.GENERATION_TOKENS))
+        self.first_token = Histogram(vllm.registered(vllm.TIME_TO_FIRST_TOKEN), "", boundaries=[0.01, 0.1, 1.0],
+                                     tag_keys=keys)
 
     def train(self, fail_at, stop_file):
         loss = 4.0
@@ -105,6 +115,12 @@ class Trainer:
             with progress.phase("generate", rank=self.rank):  # an RL loop's phases: the RL board
                 time.sleep(0.2)
             loss *= 0.97
+            self.running.set(4, tags=self.engine)
+            self.waiting.set(step % 3, tags=self.engine)
+            self.kv_cache.set(0.5, tags=self.engine)
+            self.preempted.inc(1, tags=self.engine)
+            self.generated.inc(2048, tags=self.engine)
+            self.first_token.observe(0.05, tags=self.engine)
             if self.rank == 0:
                 progress.report_iteration(step, rollouts=8, generated_tokens=4096, reward_mean=1 - loss / 4,
                                           reward_std=0.1, rewards={"format": 0.9}, kl=0.01, entropy=1.0,
@@ -258,6 +274,7 @@ def scenario() -> Iterator[Scenario]:
                            "raypulse_gpu_event_watcher_errors_total",
                            "raypulse_exporter_otlp_last_success_timestamp_seconds", "raypulse_ray_node_death_reason",
                            'ALERTS{alertstate="firing", scope="gpu"}',
+                           vllm.through_ray(vllm.TIME_TO_FIRST_TOKEN, "_bucket"),  # Ray's agents: /sd/ray
                            'ALERTS{scope=~"training|job"}'):
                 wait_for(url, promql, promql)
             yield Scenario(url, record.name, settled(url, record.name))

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from alerts.prometheus import config, render
-from exporter.contract import wire
+from exporter.contract import vllm, wire
 from exporter.framework.catalog import CATALOG, MetricType
 from exporter.framework.collector import load_collectors
 from tests.conftest import REPO, RunningExporter, RunningPrometheus, binary, exporter_command, wait_until
@@ -120,10 +120,11 @@ def run_the_jobs(s: Scenario, stop_file: Path) -> None:
     # few seconds later, more on a busy machine: wait for it rather than read it at a moment.
     wait_query(p, 'raypulse_ray_resource_used{resource="CPU"} == 2', "the actors' CPUs in Ray's resource view")
     use_gpus(s, f"{RUN}-2")
-    vllm = f'ray_vllm_num_requests_running{{job="{wire.RAY_METRICS_JOB}", cluster="it", model_name="tiny"}}'
-    wait_query(p, vllm, "the actors' vLLM-named gauges, through Ray's metrics agents and /sd/ray", count=2)
+    running = vllm.through_ray(vllm.REQUESTS_RUNNING)
+    vllm_running = f'{running}{{job="{wire.RAY_METRICS_JOB}", cluster="it", model_name="tiny"}}'
+    wait_query(p, vllm_running, "the actors' vLLM-named gauges, through Ray's metrics agents and /sd/ray", count=2)
     s.while_running = {
-        "vllm": query(p, vllm),
+        "vllm": query(p, vllm_running),
         "cpu": query(p, cpu),
         "actor_memory": query(p, f'raypulse_job_process_resident_memory_bytes{{submission_id="{RUN}-2", '
                                  f'process_role="actor"}}'),

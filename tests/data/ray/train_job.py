@@ -13,6 +13,7 @@ import ray
 from ray.util.metrics import Gauge
 
 from exporter import progress
+from exporter.contract import vllm
 
 metadata = json.loads(os.environ["RAY_JOB_CONFIG_JSON_ENV_VAR"])["metadata"]
 attempt = int(metadata.get("raypulse.attempt", "1"))
@@ -23,10 +24,9 @@ stop_file = sys.argv[1]
 class Trainer:
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        # vLLM's RayPrometheusStatLogger (vllm/v1/metrics/ray_wrappers.py) names its gauges so, ':' made
-        # '_'; Ray's metrics agent serves this one as ray_vllm_num_requests_running.
-        self.requests_running = Gauge("vllm_num_requests_running", "Requests in the engine's running batch",
-                                      tag_keys=("model_name", "engine"))
+        # As vLLM's engines inside Ray register it (exporter/contract/vllm.py).
+        self.requests_running = Gauge(vllm.registered(vllm.REQUESTS_RUNNING), "Requests in the engine's running "
+                                      "batch", tag_keys=("model_name", "engine"))
         self.requests_running.set(3 + rank, tags={"model_name": "tiny", "engine": str(rank)})
 
     def train(self, fail_at_step, stop_file: str) -> int:
