@@ -102,11 +102,14 @@ def job_metadata(spec: JobSpec, attempt: int, trace_id: str | None = None) -> di
 
 def runtime_env(spec: JobSpec, attempt: int | None = None, trace_parent: str | None = None,
                 extra: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Ray's runtime_env of an attempt. Its processes also get RAYPULSE_RUN_ID and RAYPULSE_ATTEMPT,
-    so training code can tell a retry, `extra` (the checkpoint dir and where to resume from), and in
-    a traced run TRACEPARENT (W3C), so the job's own spans can join the attempt's."""
+    """Ray's runtime_env of an attempt (with --framework-metrics, raypulse's worker setup hook). Its
+    processes also get RAYPULSE_RUN_ID and RAYPULSE_ATTEMPT, so training code can tell a retry, `extra`
+    (the checkpoint dir and where to resume from), and in a traced run TRACEPARENT (W3C), so the job's
+    own spans can join the attempt's."""
     env: dict[str, Any] = {"working_dir": spec.working_dir} if spec.working_dir else {}
     env.update(spec.runtime_env.for_ray())
+    if spec.framework_metrics:
+        env["worker_process_setup_hook"] = wire.FRAMEWORK_SETUP_HOOK
     env_vars = dict(spec.runtime_env.env_vars)
     if attempt is not None:
         env_vars.update({wire.ENV_RUN_ID: spec.run_id or "", wire.ENV_ATTEMPT: str(attempt)})

@@ -231,8 +231,9 @@ def test_the_image_install_steps_give_a_working_exporter_without_ray(tmp_path):
     probe = ("import importlib, pkgutil, exporter\n"
              "names = [m.name for m in pkgutil.walk_packages(exporter.__path__, 'exporter.')\n"
              "         if not m.name.endswith('__main__')  # that one runs the command line\n"
-             "         and m.name not in ('exporter.progress.rllib', 'exporter.progress_rllib')]"
-             "  # RLlib's callback (and its first path): runs where RLlib is\n"
+             "         and m.name not in ('exporter.progress.rllib', 'exporter.progress_rllib',"
+             " 'exporter.progress.trl')]"
+             "  # RLlib's callback (and its first path), TRL's: run where RLlib, transformers are\n"
              "for name in names: importlib.import_module(name)\n"
              "assert importlib.util.find_spec('ray') is None\n"
              "print(len(names), exporter.__file__)")

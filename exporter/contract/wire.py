@@ -88,6 +88,8 @@ META_TOOL = "raypulse.io/tool"
 META_TOOL_ACTION = "raypulse.io/action"
 
 # --- environment variables -------------------------------------------------------------------------
+# Ray's worker_process_setup_hook of a job submitted with --framework-metrics: reports what frameworks log
+FRAMEWORK_SETUP_HOOK = "exporter.progress.hooks.setup"
 ENV_PROGRESS_URL = "RAYPULSE_PROGRESS_URL"  # where training code reports progress (its node's exporter)
 ENV_RUN_ID = "RAYPULSE_RUN_ID"  # the run an attempt belongs to
 ENV_ATTEMPT = "RAYPULSE_ATTEMPT"  # the attempt's number (1-based)

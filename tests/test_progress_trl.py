@@ -1,0 +1,118 @@
+"""TRL seen as RL with no change to the training code (exporter/progress/trl.py, exporter/progress/hooks.py):
+a real GRPOTrainer (TRL 1.16, transformers 5) trains a tiny model made in the test on CPU, in a fresh
+interpreter where only the setup hook ran (as Ray runs it in every worker), and a real exporter's
+/metrics then holds what TRL computed: steps, rewards by function, KL, completion lengths and their limit."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tests.conftest import free_port
+from tests.test_progress_client import exporter_with_progress, job_config, run_client, series  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+# One log of GRPOTrainer.train, as TRL 1.16 wrote it in this test's run (keys of trl/trainer/grpo_trainer.py).
+GRPO_LOG = {"loss": -0.19, "grad_norm": 1.21, "learning_rate": 6.7e-07, "num_tokens": 67.0,
+            "completions/mean_length": 4.75, "completions/min_length": 3.0, "completions/max_length": 6.0,
+            "completions/clipped_ratio": 0.25, "rewards/longer/mean": 0.575, "rewards/longer/std": 0.457,
+            "reward": 0.575, "reward_std": 0.457, "frac_reward_zero_std": 0.0, "kl": 0.0, "entropy": 3.36,
+            "step_time": 0.067, "epoch": 0.125}
+
+
+def test_a_grpo_log_becomes_an_rl_iteration():
+    from exporter.progress.trl import iteration_fields
+
+    assert iteration_fields(GRPO_LOG, 6.0) == {
+        "reward_mean": 0.575, "reward_std": 0.457, "rewards": {"longer": 0.575}, "kl": 0.0, "entropy": 3.36,
+        "response_length_mean": 4.75, "response_length_max": 6.0, "response_length_limit": 6.0,
+        "truncated_ratio": 0.25}
+    assert iteration_fields({"reward": float("nan"), "kl": "x"}, None)["reward_mean"] is None  # left out, no error
+
+
+GRPO_RUN = """
+    import json, sys
+    from exporter.progress import hooks
+    hooks.setup()  # what Ray runs first in every worker of a job submitted with --framework-metrics
+    assert "transformers" not in sys.modules  # nothing imported until the code imports it
+
+    from datasets import Dataset
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from trl import GRPOConfig, GRPOTrainer
+    from exporter import progress
+    from exporter.progress.trl import RaypulseCallback
+
+    words = ["<pad>", "<eos>", "<unk>"] + [chr(c) for c in range(97, 123)]
+    vocabulary = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    vocabulary.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=vocabulary, pad_token="<pad>", eos_token="<eos>",
+                                        unk_token="<unk>")
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(words), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                         max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=1))
+    model.save_pretrained(sys.argv[1]); tokenizer.save_pretrained(sys.argv[1])  # GRPO's reference model reads it
+
+    def longer(completions, **kwargs):
+        return [len(c) / 10 for c in completions]
+
+    trainer = GRPOTrainer(
+        model=sys.argv[1], reward_funcs=longer, processing_class=tokenizer,
+        train_dataset=Dataset.from_dict({"prompt": ["a b c", "d e f", "g h i", "j k l"] * 4}),
+        args=GRPOConfig(output_dir=sys.argv[2], per_device_train_batch_size=4, num_generations=4,
+                        max_completion_length=6, max_steps=3, logging_steps=1, report_to="none", use_cpu=True,
+                        bf16=False, save_strategy="no", beta=0.1, seed=7))
+    attached = sum(isinstance(c, RaypulseCallback) for c in trainer.callback_handler.callbacks)
+    trainer.train()
+    assert progress.flush(10)
+    print(json.dumps({**progress.stats(), "attached": attached}))
+"""
+
+
+def test_a_grpo_run_where_only_the_setup_hook_ran_is_reported_as_rl(exporter_with_progress, tmp_path):  # noqa: F811
+    port = free_port()
+    exporter = exporter_with_progress(f"127.0.0.1:{port}")
+    script = tmp_path / "grpo.py"
+    script.write_text(textwrap.dedent(GRPO_RUN))
+    stats = run_client(f"import runpy, sys; sys.argv = ['grpo', {str(tmp_path / 'model')!r}, "
+                       f"{str(tmp_path / 'out')!r}]; runpy.run_path({str(script)!r}, run_name='__main__')",
+                       {"RAYPULSE_PROGRESS_URL": f"http://127.0.0.1:{port}", "RAY_JOB_CONFIG_JSON_ENV_VAR":
+                        job_config("grpo-1"), "HF_HUB_OFFLINE": "1"}, timeout=240)
+    assert stats["attached"] == 1
+    assert stats["dropped"] == stats["rejected"] == 0
+    assert stats["sent"] == 6  # three steps, each a training step and an RL iteration
+
+    def one(family: str, **labels: str) -> float:
+        found = [value for key, value in series(exporter, family).items()
+                 if {**dict(key), **labels} == dict(key) and dict(key).get("submission_id") == "grpo-1"]
+        assert len(found) == 1, (family, series(exporter, family))
+        return found[0]
+
+    assert one("raypulse_train_step") == 3
+    assert one("raypulse_rl_iteration") == 3
+    assert one("raypulse_rl_response_tokens_limit") == 6  # GRPOConfig.max_completion_length
+    assert 0 <= one("raypulse_rl_response_tokens_max") <= 6
+    assert 0 <= one("raypulse_rl_truncated_ratio") <= 1
+    reward = one("raypulse_rl_reward_mean")
+    assert one("raypulse_rl_source_reward_mean", source="longer") == pytest.approx(reward)  # one reward function
+    assert one("raypulse_rl_kl") >= 0
+
+
+def test_framework_metrics_names_the_setup_hook_in_every_attempts_runtime_env():
+    import importlib
+
+    from exporter.contract import wire
+    from exporter.progress import hooks
+    from launcher.backends.kuberay.render import render
+    from launcher.run import runtime_env
+    from launcher.spec import build_spec
+
+    spec = build_spec({"entrypoint": "python grpo.py", "framework_metrics": True}).with_run_id()
+    assert runtime_env(spec, attempt=1)["worker_process_setup_hook"] == wire.FRAMEWORK_SETUP_HOOK
+    module, _, name = wire.FRAMEWORK_SETUP_HOOK.rpartition(".")
+    assert getattr(importlib.import_module(module), name) is hooks.setup  # what Ray will import in each worker
+    assert "worker_process_setup_hook" not in runtime_env(build_spec({"entrypoint": "python grpo.py"}), attempt=1)
+    kube = build_spec({"entrypoint": "python grpo.py", "framework_metrics": True, "backend": "kuberay"}).with_run_id()
+    assert wire.FRAMEWORK_SETUP_HOOK in str(render(kube))
