@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import REPO, free_port
 from tests.test_progress_client import exporter_with_progress, job_config, run_client, series  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -32,40 +32,18 @@ def test_a_grpo_log_becomes_an_rl_iteration():
     assert iteration_fields({"reward": float("nan"), "kl": "x"}, None)["reward_mean"] is None  # left out, no error
 
 
+GRPO = REPO / "tests" / "data" / "trl"  # grpo.py: a real GRPOTrainer on a tiny model, three steps
+
 GRPO_RUN = """
     import json, sys
     from exporter.progress import hooks
     hooks.setup()  # what Ray runs first in every worker of a job submitted with --framework-metrics
     assert "transformers" not in sys.modules  # nothing imported until the code imports it
 
-    from datasets import Dataset
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    from trl import GRPOConfig, GRPOTrainer
+    sys.path.insert(0, sys.argv[1])
+    from grpo import train
     from exporter import progress
-    from exporter.progress.trl import RaypulseCallback
-
-    words = ["<pad>", "<eos>", "<unk>"] + [chr(c) for c in range(97, 123)]
-    vocabulary = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    vocabulary.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=vocabulary, pad_token="<pad>", eos_token="<eos>",
-                                        unk_token="<unk>")
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(words), hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                                         max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=1))
-    model.save_pretrained(sys.argv[1]); tokenizer.save_pretrained(sys.argv[1])  # GRPO's reference model reads it
-
-    def longer(completions, **kwargs):
-        return [len(c) / 10 for c in completions]
-
-    trainer = GRPOTrainer(
-        model=sys.argv[1], reward_funcs=longer, processing_class=tokenizer,
-        train_dataset=Dataset.from_dict({"prompt": ["a b c", "d e f", "g h i", "j k l"] * 4}),
-        args=GRPOConfig(output_dir=sys.argv[2], per_device_train_batch_size=4, num_generations=4,
-                        max_completion_length=6, max_steps=3, logging_steps=1, report_to="none", use_cpu=True,
-                        bf16=False, save_strategy="no", beta=0.1, seed=7))
-    attached = sum(isinstance(c, RaypulseCallback) for c in trainer.callback_handler.callbacks)
-    trainer.train()
+    attached = train(sys.argv[2], sys.argv[3])
     assert progress.flush(10)
     print(json.dumps({**progress.stats(), "attached": attached}))
 """
@@ -74,10 +52,11 @@ GRPO_RUN = """
 def test_a_grpo_run_where_only_the_setup_hook_ran_is_reported_as_rl(exporter_with_progress, tmp_path):  # noqa: F811
     port = free_port()
     exporter = exporter_with_progress(f"127.0.0.1:{port}")
-    script = tmp_path / "grpo.py"
+    script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(GRPO_RUN))
-    stats = run_client(f"import runpy, sys; sys.argv = ['grpo', {str(tmp_path / 'model')!r}, "
-                       f"{str(tmp_path / 'out')!r}]; runpy.run_path({str(script)!r}, run_name='__main__')",
+    arguments = [str(GRPO), str(tmp_path / "model"), str(tmp_path / "out")]
+    stats = run_client(f"import runpy, sys; sys.argv = ['run', *{arguments!r}]; "
+                       f"runpy.run_path({str(script)!r}, run_name='__main__')",
                        {"RAYPULSE_PROGRESS_URL": f"http://127.0.0.1:{port}", "RAY_JOB_CONFIG_JSON_ENV_VAR":
                         job_config("grpo-1"), "HF_HUB_OFFLINE": "1"}, timeout=240)
     assert stats["attached"] == 1

@@ -3,11 +3,13 @@ worker_process_setup_hook that `launcher submit --framework-metrics` names (wire
 run by Ray in every worker process of the job before its tasks and actors (Ray 2.60,
 ray/_private/workers/default_worker.py; not in the driver: there, one line attaches the callback).
 
-It gives every `transformers.Trainer` the process builds (TRL's trainers among them, under Ray Train
-or in any actor) a `RaypulseCallback` (exporter/progress/trl.py). A process that never imports
-transformers pays nothing: the patch is applied when `transformers.trainer` is imported (an import
-hook that steps aside after that), or at once when it already was. Never raises into the worker: a
-patch that cannot be applied leaves the trainer as it was.
+- transformers: every `Trainer` the process builds (TRL's trainers among them, under Ray Train or in
+  any actor) gets a `RaypulseCallback` (exporter/progress/trl.py);
+- verl: every `Tracking.log` of its trainer is also reported (exporter/progress/verl.py).
+
+A process that never imports them pays nothing: a module is patched when it is imported (an import
+hook that steps aside once each is done), or at once when it already was. Never raises into the
+worker: a patch that cannot be applied leaves the framework as it was.
 """
 
 from __future__ import annotations
@@ -16,60 +18,95 @@ import functools
 import importlib.abc
 import importlib.machinery
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 TRAINER_MODULE = "transformers.trainer"
+TRACKING_MODULE = "verl.utils.tracking"
+_PATCHED = "_raypulse"  # set on a wrapped function: never wrapped twice
 
 
 def setup() -> None:
-    """Ray's worker_process_setup_hook: patch transformers' Trainer now or when it is imported."""
-    module = sys.modules.get(TRAINER_MODULE)
-    if module is not None:
-        _patch(module)
-    elif not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
+    """Ray's worker_process_setup_hook: patch each framework now or when it is imported."""
+    waiting = {}
+    for name, patch in PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+        else:
+            waiting[name] = patch
+    if waiting and not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport(waiting))
 
 
-def _patch(module: ModuleType) -> None:
+def _wrap(owner: type, name: str, after: Callable[..., None]) -> None:
+    """owner.name runs as before, then `after(self, *args, **kwargs)`."""
+    original = getattr(owner, name)
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        after(self, *args, **kwargs)
+        return result
+
+    setattr(wrapped, _PATCHED, True)
+    setattr(owner, name, wrapped)
+
+
+def _patch_transformers(module: ModuleType) -> None:
     try:
-        trainer = module.Trainer
-        if getattr(trainer.__init__, "_raypulse", False):
-            return
         from exporter.progress.trl import RaypulseCallback
 
-        original = trainer.__init__
+        def attach(trainer: Any, *args: Any, **kwargs: Any) -> None:
+            if not any(isinstance(callback, RaypulseCallback) for callback in trainer.callback_handler.callbacks):
+                trainer.add_callback(RaypulseCallback())
 
-        @functools.wraps(original)
-        def init(self: Any, *args: Any, **kwargs: Any) -> None:
-            original(self, *args, **kwargs)
-            if not any(isinstance(callback, RaypulseCallback) for callback in self.callback_handler.callbacks):
-                self.add_callback(RaypulseCallback())
-
-        init._raypulse = True  # type: ignore[attr-defined]
-        trainer.__init__ = init
+        _wrap(module.Trainer, "__init__", attach)
     except Exception:  # noqa: BLE001  (the job runs as it would without raypulse)
         return
 
 
+def _patch_verl(module: ModuleType) -> None:
+    try:
+        from exporter.progress.verl import report_step
+
+        def report(tracking: Any, data: Any = None, step: Any = None, *args: Any, **kwargs: Any) -> None:
+            report_step(data if data is not None else kwargs.get("data"), step if step is not None
+                        else kwargs.get("step"))
+
+        _wrap(module.Tracking, "log", report)
+    except Exception:  # noqa: BLE001
+        return
+
+
+PATCHES: dict[str, Callable[[ModuleType], None]] = {TRAINER_MODULE: _patch_transformers,
+                                                    TRACKING_MODULE: _patch_verl}
+
+
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds transformers.trainer as the other finders do, and patches it once it has run."""
+    """Finds a module to patch as the other finders do, and patches it once it has run."""
+
+    def __init__(self, waiting: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.waiting = waiting
 
     def find_spec(self, name: str, path: Sequence[str] | None = None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if name != TRAINER_MODULE:
+        patch = self.waiting.pop(name, None)
+        if patch is None:
             return None
-        sys.meta_path.remove(self)  # once: the module is found by the finders after this one
+        if not self.waiting:
+            sys.meta_path.remove(self)  # every module patched: out of the way of every later import
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        loader = spec.loader
-        run = loader.exec_module
+        run = spec.loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            _patch(module)
+            patch(module)
 
-        loader.exec_module = exec_module  # type: ignore[method-assign]
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec

@@ -15,8 +15,8 @@ function, KL, entropy, completion lengths (mean, longest, the limit `max_complet
 share clipped at that limit. Keys as TRL 1.16 logs them (trl/trainer/grpo_trainer.py, `_metrics`) through
 transformers 5's `Trainer.log`; a key a trainer does not log is left out, nothing is invented.
 
-Only the world's process zero reports: its logs are the ones gathered over every process. Never raises
-into the trainer.
+Only the world's process zero reports: its logs are the ones gathered over every process. The end of
+training waits (at most FLUSH_SECONDS) for the last reports to leave. Never raises into the trainer.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from transformers import TrainerCallback
 from exporter import progress
 
 REWARD = "reward"
+FLUSH_SECONDS = 5.0
 _REWARD_SOURCE_PREFIX, _REWARD_SOURCE_SUFFIX = "rewards/", "/mean"
 
 
@@ -79,3 +80,8 @@ class RaypulseCallback(TrainerCallback):
                 progress.report_iteration(step, **iteration_fields(logs, limit), rank=0)
         except Exception:  # noqa: BLE001  (a metrics helper must never break training)
             return
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The process often ends with training (a Ray actor's method returns, a script exits): the last
+        # logs are sent before that, within FLUSH_SECONDS.
+        progress.flush(FLUSH_SECONDS)
