@@ -5,12 +5,11 @@ interpreter where only the setup hook ran (as Ray runs it in every worker), and 
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
-from tests.conftest import REPO, free_port
-from tests.test_progress_client import exporter_with_progress, job_config, run_client, series  # noqa: F401
+from tests.conftest import REPO
+from tests.progress_support import one, run_hooked
+from tests.test_progress_client import exporter_with_progress  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -50,33 +49,23 @@ GRPO_RUN = """
 
 
 def test_a_grpo_run_where_only_the_setup_hook_ran_is_reported_as_rl(exporter_with_progress, tmp_path):  # noqa: F811
-    port = free_port()
-    exporter = exporter_with_progress(f"127.0.0.1:{port}")
-    script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(GRPO_RUN))
-    arguments = [str(GRPO), str(tmp_path / "model"), str(tmp_path / "out")]
-    stats = run_client(f"import runpy, sys; sys.argv = ['run', *{arguments!r}]; "
-                       f"runpy.run_path({str(script)!r}, run_name='__main__')",
-                       {"RAYPULSE_PROGRESS_URL": f"http://127.0.0.1:{port}", "RAY_JOB_CONFIG_JSON_ENV_VAR":
-                        job_config("grpo-1"), "HF_HUB_OFFLINE": "1"}, timeout=240)
+    exporter, stats = run_hooked(exporter_with_progress, tmp_path, GRPO_RUN, "grpo-1", str(GRPO),
+                                 str(tmp_path / "model"), str(tmp_path / "out"))
     assert stats["attached"] == 1
     assert stats["dropped"] == stats["rejected"] == 0
     assert stats["sent"] == 6  # three steps, each a training step and an RL iteration
 
-    def one(family: str, **labels: str) -> float:
-        found = [value for key, value in series(exporter, family).items()
-                 if {**dict(key), **labels} == dict(key) and dict(key).get("submission_id") == "grpo-1"]
-        assert len(found) == 1, (family, series(exporter, family))
-        return found[0]
+    def at(family: str, **labels: str) -> float:
+        return one(exporter, family, "grpo-1", **labels)
 
-    assert one("raypulse_train_step") == 3
-    assert one("raypulse_rl_iteration") == 3
-    assert one("raypulse_rl_response_tokens_limit") == 6  # GRPOConfig.max_completion_length
-    assert 0 <= one("raypulse_rl_response_tokens_max") <= 6
-    assert 0 <= one("raypulse_rl_truncated_ratio") <= 1
-    reward = one("raypulse_rl_reward_mean")
-    assert one("raypulse_rl_source_reward_mean", source="longer") == pytest.approx(reward)  # one reward function
-    assert one("raypulse_rl_kl") >= 0
+    assert at("raypulse_train_step") == 3
+    assert at("raypulse_rl_iteration") == 3
+    assert at("raypulse_rl_response_tokens_limit") == 6  # GRPOConfig.max_completion_length
+    assert 0 <= at("raypulse_rl_response_tokens_max") <= 6
+    assert 0 <= at("raypulse_rl_truncated_ratio") <= 1
+    reward = at("raypulse_rl_reward_mean")
+    assert at("raypulse_rl_source_reward_mean", source="longer") == pytest.approx(reward)  # one reward function
+    assert at("raypulse_rl_kl") >= 0
 
 
 def test_framework_metrics_names_the_setup_hook_in_every_attempts_runtime_env():

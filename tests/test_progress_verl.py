@@ -6,13 +6,11 @@ exporter's /metrics then holds the values verl computed."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from exporter.contract import wire
-from tests.conftest import free_port
-from tests.test_progress_client import exporter_with_progress, job_config, run_client, series  # noqa: F401
+from tests.progress_support import one, run_hooked
+from tests.test_progress_client import exporter_with_progress, series  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -61,33 +59,24 @@ VERL_RUN = """
 
 
 def test_verls_logged_steps_are_reported_as_rl_where_only_the_setup_hook_ran(exporter_with_progress, tmp_path):  # noqa: F811
-    port = free_port()
-    exporter = exporter_with_progress(f"127.0.0.1:{port}")
-    script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(VERL_RUN))
-    stats = run_client(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
-                       {"RAYPULSE_PROGRESS_URL": f"http://127.0.0.1:{port}",
-                        "RAY_JOB_CONFIG_JSON_ENV_VAR": job_config("verl-1")}, timeout=240)
+    exporter, stats = run_hooked(exporter_with_progress, tmp_path, VERL_RUN, "verl-1")
     assert stats["dropped"] == stats["rejected"] == 0
     assert stats["sent"] == 6  # three steps, each a training step and an RL iteration; validation left out
     last = stats["logged"][-1]
 
-    def one(family: str, **labels: str) -> float:
-        found = [value for key, value in series(exporter, family).items()
-                 if dict(key).get("submission_id") == "verl-1" and labels.items() <= dict(key).items()]
-        assert len(found) == 1, (family, labels, series(exporter, family))
-        return found[0]
+    def at(family: str, **labels: str) -> float:
+        return one(exporter, family, "verl-1", **labels)
 
-    assert one("raypulse_train_step") == 3
-    assert one("raypulse_train_loss") == pytest.approx(0.3)
-    assert one("raypulse_rl_iteration") == 3
-    assert one("raypulse_rl_reward_mean") == pytest.approx(last["critic/score/mean"])
-    assert one("raypulse_rl_kl") == pytest.approx(0.02)
-    assert one("raypulse_rl_entropy") == pytest.approx(1.5)
-    assert one("raypulse_rl_response_tokens_mean") == pytest.approx(last["response_length/mean"])
-    assert one("raypulse_rl_response_tokens_max") == pytest.approx(last["response_length/max"])
-    assert one("raypulse_rl_truncated_ratio") == pytest.approx(last["response_length/clip_ratio"])
+    assert at("raypulse_train_step") == 3
+    assert at("raypulse_train_loss") == pytest.approx(0.3)
+    assert at("raypulse_rl_iteration") == 3
+    assert at("raypulse_rl_reward_mean") == pytest.approx(last["critic/score/mean"])
+    assert at("raypulse_rl_kl") == pytest.approx(0.02)
+    assert at("raypulse_rl_entropy") == pytest.approx(1.5)
+    assert at("raypulse_rl_response_tokens_mean") == pytest.approx(last["response_length/mean"])
+    assert at("raypulse_rl_response_tokens_max") == pytest.approx(last["response_length/max"])
+    assert at("raypulse_rl_truncated_ratio") == pytest.approx(last["response_length/clip_ratio"])
     # verl's timers are the phases, summed over the three steps; update_weights is the weight sync.
-    assert one("raypulse_rl_phase_seconds_total", phase="gen") == pytest.approx(0.5 + 1.0 + 1.5)
-    assert one("raypulse_rl_phase_seconds_total", phase=wire.RL_WEIGHT_SYNC_PHASE) == pytest.approx(0.15)
+    assert at("raypulse_rl_phase_seconds_total", phase="gen") == pytest.approx(0.5 + 1.0 + 1.5)
+    assert at("raypulse_rl_phase_seconds_total", phase=wire.RL_WEIGHT_SYNC_PHASE) == pytest.approx(0.15)
     assert not [k for k in series(exporter, "raypulse_rl_phase_seconds_total") if dict(k).get("phase") == "step"]
