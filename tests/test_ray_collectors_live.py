@@ -260,9 +260,14 @@ def test_job_times_are_ordered(scenario):
 
 
 def test_service_discovery_finds_every_nodes_exporter(scenario):
-    targets = scenario.prometheus.api("/api/v1/targets")["data"]["activeTargets"]
+    active = scenario.prometheus.api("/api/v1/targets")["data"]["activeTargets"]
+    targets = [t for t in active if t["labels"]["job"] != wire.RAY_METRICS_JOB]
     nodes = {n["node_id"]: n for n in scenario.cluster.api("/api/v0/nodes?limit=100")["data"]["result"]["result"]}
     assert len(targets) == 2
+    # /sd/ray: each node's Ray metrics agent (and Ray's autoscaler and dashboard metrics), in the cluster.
+    agents = [t for t in active if t["labels"]["job"] == wire.RAY_METRICS_JOB]
+    assert len(agents) >= len(nodes)
+    assert {t["labels"]["cluster"] for t in agents} == {"it"}
     for target in targets:
         labels = target["labels"]
         assert target["health"] == "up", target
