@@ -6,7 +6,7 @@
     401  no token, or not the token of every report's job (where tokens are required)
     413  larger than progress.max_body_bytes
     415  not application/json, or a body with a Content-Encoding (compressed bodies are never read)
-    429  would exceed progress.max_series, max_jobs or max_ranks_per_job
+    429  would exceed progress.max_series, max_jobs, max_ranks_per_job or the job's max_job_share
 
 Where Ray token authentication is on (progress.token auto) or progress.token is required, a report
 is accepted only with `Authorization: Bearer <token>`, the token of the job it names
