@@ -279,6 +279,7 @@ def test_a_compressed_request_body_gets_415_before_auth_and_no_traceback(basic_a
     report = json.dumps({"reports": [{"kind": "progress", "submission_id": "job-a", "rank": 0, "time": time.time(),
                                       "step": 1}]}).encode()
     bodies = {"gzip": gzip.compress(report), "deflate": zlib.compress(report), "GZip": b"not gzip at all",
+              "identity, gzip": gzip.compress(report),
               "x-gzip": gzip.compress(b"\0" * (8 << 20))}  # 8 MB of zeros in 8 KB: never inflated
     targets = [(port, "GET", "/metrics"), (port, "GET", "/healthz"), (port, "POST", "/metrics"),
                (progress_port, "POST", "/v1/progress")]

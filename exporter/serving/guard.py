@@ -103,8 +103,9 @@ async def identity_bodies_only(request: web.Request,
                                handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """415 (with Accept-Encoding: identity, as RFC 9110 15.5.16 asks) to a request whose body has a content
     coding, before auth or a handler; the connection is closed after it, the body never decoded."""
-    coding = request.headers.get(hdrs.CONTENT_ENCODING, IDENTITY).strip().lower()
-    if coding in ("", IDENTITY):
+    codings = {coding.strip().lower() for field in request.headers.getall(hdrs.CONTENT_ENCODING, ())
+               for coding in field.split(",")}
+    if codings <= {"", IDENTITY}:
         return await handler(request)
     httplog.CLIENT_ERRORS.counts["bad_request"] += 1
     refused = web.Response(status=415, text=f"request bodies are taken as they are (Content-Encoding: {IDENTITY}); "
