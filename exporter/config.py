@@ -247,6 +247,10 @@ class ProgressSettings(_Strict):
         "Most series the progress store holds, all jobs, ranks and runs together (about 18 per rank): the "
         "one bound on its memory and on the size of /metrics. A report that would pass it gets 429, after "
         "jobs Ray no longer runs have been let go."))
+    max_job_share: float = Field(0.5, ge=0.1, le=1, description=(
+        "The part of max_series one job's ranks may hold (0.5: half), so that one job reporting many ranks "
+        "or RL phases cannot fill the store and keep every other job out; a report that would take its job "
+        "past it gets 429. 1 lets one job hold the whole store."))
     finished_grace_seconds: float = Field(300.0, ge=0, le=86400, description=(
         "A job Ray says has ended, or does not know, keeps its progress series this long after its last "
         "report, then they go (long before expire_after_seconds)."))
@@ -254,6 +258,10 @@ class ProgressSettings(_Strict):
         "Whether a report must carry its job's token (wire.progress_token, derived from the Ray auth token; "
         "the launcher hands it to every attempt): auto = when this exporter can read a Ray auth token, "
         "required = always (start fails without a token), off = never."))
+
+    @property
+    def max_series_per_job(self) -> int:
+        return int(self.max_series * self.max_job_share)
 
     @field_validator("listen")
     @classmethod

@@ -5,9 +5,12 @@ request is a 4xx logged without a traceback, never a 500."""
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 import re
 import socket
 import time
+import zlib
 
 import aiohttp
 import pytest
@@ -17,13 +20,17 @@ from exporter.config import HttpSettings
 from exporter.serving.guard import EVICTABLE_AFTER_S, Guard, GuardedTCPSite
 from scripts.ports import free_port
 from tests.conftest import wait_until
+from tests.test_web_config import basic, bcrypt_hash
 
 SILENT_EXPORTER = ("--disable-collector", "gpu")  # the bounds do not depend on what is collected
 
 
-def self_metric(running, name: str, **labels: str) -> float:
+def self_metric(running, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
+    """`headers`: the scrape's (credentials)."""
+    status, _, body = running.get("/metrics", headers=headers)
+    assert status == 200
     selector = ",".join(f'{key}="{value}"' for key, value in labels.items())
-    match = re.search(rf"^{name}{{{selector}}} (\S+)$" if selector else rf"^{name} (\S+)$", running.metrics_text(),
+    match = re.search(rf"^{name}{{{selector}}} (\S+)$" if selector else rf"^{name} (\S+)$", body.decode(),
                       re.MULTILINE)
     assert match, f"{name}{{{selector}}} is not exported"
     return float(match.group(1))
@@ -238,3 +245,58 @@ def test_the_connection_cap_never_exceeds_a_quarter_of_the_file_descriptors(limi
     monkeypatch.setattr(guard.resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY))
     assert guard.connection_cap(HttpSettings(max_connections=10000)) == limit // 4
     assert guard.connection_cap(HttpSettings(max_connections=8)) == 8
+
+
+def exchange(port: int, request: bytes) -> bytes:
+    """The whole answer to one request on its own connection (the exporter closes it after a 415)."""
+    with connect(port) as sock:
+        sock.sendall(request)
+        answer = b""
+        try:
+            while chunk := sock.recv(4096):
+                answer += chunk
+                if b"\r\n\r\n" in answer and b"Connection: close" not in answer:
+                    break  # kept alive: the head says enough for these checks
+        except ConnectionResetError:
+            pass
+        return answer
+
+
+@pytest.mark.parametrize("basic_auth", [False, True], ids=["no-auth", "basic-auth"])
+def test_a_compressed_request_body_gets_415_before_auth_and_no_traceback(basic_auth, tmp_path, start_exporter):
+    """Issue 41, finding 3: `Content-Encoding: gzip` (or deflate) on any request was inflated by aiohttp
+    before a handler or basic auth ran (CPU for anyone who can connect) and a broken one wrote an
+    "Unhandled exception" traceback (200 on /metrics, 500 on the progress endpoint). Every such request
+    is refused with 415 from its headers alone, with or without credentials, and nothing is traced."""
+    args = [*SILENT_EXPORTER, "--progress-listen", f"127.0.0.1:{(progress_port := free_port())}"]
+    if basic_auth:
+        web_config = tmp_path / "web.yml"
+        web_config.write_text(f"basic_auth_users:\n  prometheus: '{bcrypt_hash('s3cret')}'\n")
+        args += ["--web-config", str(web_config)]
+    running = start_exporter(*args, ready=False, env={"RAYPULSE_EXPORTER_PROGRESS__TOKEN": "off"})
+    port = int(running.url.rsplit(":", 1)[1])
+    wait_until(lambda: f"listening on {running.url} " in running.log.read_text(), 30, "the exporter to listen")
+    report = json.dumps({"reports": [{"kind": "progress", "submission_id": "job-a", "rank": 0, "time": time.time(),
+                                      "step": 1}]}).encode()
+    bodies = {"gzip": gzip.compress(report), "deflate": zlib.compress(report), "GZip": b"not gzip at all",
+              "identity, gzip": gzip.compress(report),
+              "x-gzip": gzip.compress(b"\0" * (8 << 20))}  # 8 MB of zeros in 8 KB: never inflated
+    targets = [(port, "GET", "/metrics"), (port, "GET", "/healthz"), (port, "POST", "/metrics"),
+               (progress_port, "POST", "/v1/progress")]
+    for coding, body in bodies.items():
+        for target_port, method, path in targets:
+            answer = exchange(target_port, f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                           f"Content-Encoding: {coding}\r\nContent-Length: {len(body)}\r\n\r\n"
+                                           .encode() + body)
+            assert answer.startswith(b"HTTP/1.1 415 "), (coding, method, path, answer[:200])
+            assert b"\r\nAccept-Encoding: identity\r\n" in answer
+    plain = exchange(progress_port, b"POST /v1/progress HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                    b"Content-Encoding: identity\r\nConnection: close\r\n"
+                                    + f"Content-Length: {len(report)}\r\n\r\n".encode() + report)
+    assert plain.startswith(b"HTTP/1.1 204 "), plain[:200]
+    credentials = basic("prometheus", "s3cret") if basic_auth else None
+    wait_until(lambda: self_metric(running, "raypulse_exporter_http_client_errors_total", headers=credentials,
+                                   kind="bad_request") >= len(bodies) * len(targets), 15,
+               "the refused requests to be counted")
+    assert "Traceback" not in running.log.read_text()
+

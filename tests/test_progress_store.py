@@ -111,9 +111,10 @@ def test_the_same_job_under_its_submission_id_is_a_separate_key_until_the_collec
 
 
 def test_one_global_series_budget_bounds_the_store_whatever_the_jobs_and_ranks():
-    # Generous per-job limits; only the global budget stops the batch (the product bound of old let
-    # 64 jobs x 1,024 ranks through).
-    progress = store(max_series=SERIES_PER_JOB + 7 * SERIES_PER_RANK, max_jobs=10, max_ranks_per_job=1000)
+    # Generous per-job limits (a job may hold the whole store); only the global budget stops the batch
+    # (the product bound of old let 64 jobs x 1,024 ranks through).
+    progress = store(max_series=SERIES_PER_JOB + 7 * SERIES_PER_RANK, max_jobs=10, max_ranks_per_job=1000,
+                     max_job_share=1)
     progress.apply(parse_batch({"reports": [report(rank=rank) for rank in range(7)]}))
     assert progress.series == SERIES_PER_JOB + 7 * SERIES_PER_RANK
     with pytest.raises(Rejected) as refused:
@@ -148,3 +149,17 @@ def test_a_view_is_not_changed_by_later_reports():
     assert (state.step, state.values, dict(state.nonfinite)) == (1, {"loss": 2.0}, {})
     assert set(view.jobs[("02000000", "")]) == {0}
     assert progress.jobs[("02000000", "")][0].nonfinite["loss"] == 1
+
+
+def test_a_job_past_its_share_is_refused_whole_and_another_job_still_fits():
+    progress = store(max_series=1000, max_job_share=0.5)  # 500 series a job: 27 ranks
+    fits = (500 - SERIES_PER_JOB) // SERIES_PER_RANK
+    progress.apply(parse_batch({"reports": [report(rank=rank) for rank in range(fits)]}))
+    with pytest.raises(Rejected) as refused:
+        progress.apply(parse_batch({"reports": [report(rank=0, step=5), report(rank=fits)]}))
+    assert (refused.value.status, refused.value.reason) == (429, "too_many_job_series")
+    assert "job 02000000: one job holds at most 500 series (progress.max_job_share 0.5" in str(refused.value)
+    assert progress.jobs[("02000000", "")][0].step is None  # nothing of the refused batch was applied
+    assert (progress.rejected["too_many_job_series"], progress.refused_series) == (1, SERIES_PER_RANK)
+    progress.apply(parse_batch({"reports": [report(job_id="03000000", rank=rank) for rank in range(fits)]}))
+    assert progress.series == 2 * (SERIES_PER_JOB + fits * SERIES_PER_RANK) <= 1000

@@ -164,7 +164,9 @@ def test_rl_series_count_against_the_one_series_budget():
     filler = [{"kind": "progress", "submission_id": "other", "rank": rank, "time": time.time()} for rank in range(4)]
     # another job's 4 ranks, and this one
     base = 2 * store.SERIES_PER_JOB + 5 * store.SERIES_PER_RANK + store.SERIES_PER_RL_RANK
-    progress = ProgressStore(ProgressSettings(max_series=base + 2 * store.SERIES_PER_PHASE + store.SERIES_PER_SOURCE))
+    # a job may hold the whole store here: only the one budget stops a batch
+    progress = ProgressStore(ProgressSettings(max_series=base + 2 * store.SERIES_PER_PHASE + store.SERIES_PER_SOURCE,
+                                              max_job_share=1))
     progress.apply(parse_batch({"reports": filler}))
     progress.apply(parse_batch({"reports": [rl(phases=phases("generate"), rewards={"format": 1.0})]}))
     assert progress.series == base + store.SERIES_PER_PHASE + store.SERIES_PER_SOURCE

@@ -67,6 +67,6 @@ HTTP_CLOSED = counter("raypulse_exporter_http_closed_total", "Connections the ex
                       "connection needed its place under http.max_connections).", collector=EXPORTER,
                       labels=("reason",))
 HTTP_CLIENT_ERRORS = counter("raypulse_exporter_http_client_errors_total", "Requests that failed on the client's "
-                             "side, by kind: bad_request (malformed HTTP), disconnect (went away mid-request), "
-                             "tls, timeout. Logged once a minute, without traceback.", collector=EXPORTER,
-                             labels=("kind",))
+                             "side, by kind: bad_request (malformed HTTP, or a compressed request body: 415), "
+                             "disconnect (went away mid-request), tls, timeout. Logged once a minute, without "
+                             "traceback.", collector=EXPORTER, labels=("kind",))

@@ -5,8 +5,8 @@
     400  not valid; the body names the first bad field: {"error": "reports[2].loss: ..."}
     401  no token, or not the token of every report's job (where tokens are required)
     413  larger than progress.max_body_bytes
-    415  not application/json
-    429  would exceed progress.max_series, max_jobs or max_ranks_per_job
+    415  not application/json, or a body with a Content-Encoding (compressed bodies are never read)
+    429  would exceed progress.max_series, max_jobs, max_ranks_per_job or the job's max_job_share
 
 Where Ray token authentication is on (progress.token auto) or progress.token is required, a report
 is accepted only with `Authorization: Bearer <token>`, the token of the job it names
@@ -32,7 +32,7 @@ from aiohttp import web
 from exporter.config import LISTEN_OFF, ProgressSettings, parse_listen
 from exporter.contract import wire
 from exporter.progress.store import ProgressStore, Rejected, Report, owner, parse_batch
-from exporter.serving.guard import Guard, GuardedTCPSite, GuardedUnixSite, runner_options
+from exporter.serving.guard import Guard, GuardedTCPSite, GuardedUnixSite, identity_bodies_only, runner_options
 
 log = logging.getLogger(__name__)
 PATH = wire.PROGRESS_PATH
@@ -150,8 +150,8 @@ def progress_app(store: ProgressStore, token_key: TokenKey | None = None,
             return _error(rejected)
         return web.Response(status=204)
 
-    # client_max_size also bounds anything aiohttp itself would buffer.
-    app = web.Application(client_max_size=limit)
+    # client_max_size also bounds anything aiohttp itself would buffer; a compressed body is refused unread.
+    app = web.Application(client_max_size=limit, middlewares=[identity_bodies_only])
     app.router.add_post(PATH, post)
     return app
 

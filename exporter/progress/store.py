@@ -34,8 +34,9 @@ A report names its job by its submission id or, without one, by its Ray job id: 
 submission id is dropped (the token proves the submission only; Ray says which job it is). Every
 field is checked (unknown fields are refused by name); a batch is applied whole or not at all. One
 global bound, the series the store holds (progress.max_series), caps its memory and the size of
-/metrics; the jobs tracked at once and the ranks per job are fairness limits under it (429
-beyond any of them). Jobs Ray says have ended, or does not know, are let go soon after their last
+/metrics; the jobs tracked at once, the ranks per job and one job's share of the series
+(progress.max_job_share: one job cannot fill the store and keep the others out) are fairness limits
+under it (429 beyond any of them). Jobs Ray says have ended, or does not know, are let go soon after their last
 report (`doubtful`), first when room is needed; other ranks that stop reporting expire. A rank's RL
 phases and reward sources count against progress.max_series like every other series. A NaN or
 infinite loss (or grad norm, learning rate, RL reward mean, KL, entropy) is counted per rank and
@@ -68,7 +69,7 @@ RL_VALUE_FIELDS = (*RL_NONFINITE_FIELDS, "reward_std", "response_length_mean", "
 RL_FIELDS = ("iteration", "iterations_total", "phases", "rollouts_total", "generated_tokens_total", "rewards",
              *RL_VALUE_FIELDS)
 REJECT_REASONS = ("invalid", "unauthorized", "too_large", "unsupported_media_type", "too_many_jobs",
-                  "too_many_ranks", "too_many_series")
+                  "too_many_ranks", "too_many_job_series", "too_many_series")
 # Series each holds in /metrics (exporter/collectors/ray/train.py): a rank's 15 gauges and counters and
 # its 3 non-finite counts; a job's rank count; a run's 5 gauges and a recovery count per fault class.
 SERIES_PER_RANK = 18
@@ -340,6 +341,11 @@ class RunHealth:
 JobKey = tuple[str, str]  # (job_id, submission_id) as reported; either may be ""
 
 
+def job_series(ranks: Mapping[int, RankState]) -> int:
+    """Series one job holds: its own and its ranks'."""
+    return SERIES_PER_JOB + sum(state.series for state in ranks.values())
+
+
 def owner(report: Report) -> tuple[str, str]:
     """Whose progress a report is, as (kind, id) for wire.progress_token."""
     return wire.progress_owner(report.kind, report.run_id, report.submission_id, report.job_id)
@@ -371,8 +377,7 @@ class ProgressStore:
 
     @property
     def series(self) -> int:
-        return (sum(SERIES_PER_JOB + sum(state.series for state in ranks.values()) for ranks in self.jobs.values())
-                + SERIES_PER_RUN * len(self.runs))
+        return sum(map(job_series, self.jobs.values())) + SERIES_PER_RUN * len(self.runs)
 
     def view(self) -> StoreView:
         return StoreView(jobs={key: dict(ranks) for key, ranks in self.jobs.items()}, runs=dict(self.runs),
@@ -399,8 +404,10 @@ class ProgressStore:
             if (ranks is None or report.rank not in ranks) and (key, report.rank) not in seen:
                 seen.add((key, report.rank))
                 new_ranks[key] += 1
-        added = (SERIES_PER_RUN * len(new_runs) + SERIES_PER_JOB * len(new_jobs)
-                 + SERIES_PER_RANK * sum(new_ranks.values()) + self._rl_growth(reports))
+        by_job = self._rl_growth(reports)  # series the batch adds per job
+        by_job.update({key: SERIES_PER_JOB for key in new_jobs})
+        by_job.update({key: SERIES_PER_RANK * count for key, count in new_ranks.items()})
+        added = SERIES_PER_RUN * len(new_runs) + sum(by_job.values())
         if added:
             self._make_room(added, new_jobs=len(new_jobs))
         if len(self.runs) + len(new_runs) > self.settings.max_jobs:
@@ -415,6 +422,14 @@ class ProgressStore:
             if len(self.jobs.get(key, {})) + count > self.settings.max_ranks_per_job:
                 raise self._refuse(added, Rejected(429, "too_many_ranks", f"job {key[1] or key[0]}: at most "
                                    f"{self.settings.max_ranks_per_job} ranks per job (progress.max_ranks_per_job)"))
+        share = self.settings.max_series_per_job
+        for key, more in by_job.items() if share < self.settings.max_series else ():  # else: the bound below
+            held = job_series(self.jobs[key]) if key in self.jobs else 0
+            if more and held + more > share:
+                raise self._refuse(added, Rejected(429, "too_many_job_series", f"job {key[1] or key[0]}: one job "
+                                   f"holds at most {share} series (progress.max_job_share "
+                                   f"{self.settings.max_job_share:g} of progress.max_series), so that other jobs "
+                                   f"keep room; it has {held} and this batch needs {more} more"))
         if self.series + added > self.settings.max_series:
             raise self._refuse(added, Rejected(429, "too_many_series", f"the progress store holds at most "
                                f"{self.settings.max_series} series (progress.max_series) and has "
@@ -431,9 +446,9 @@ class ProgressStore:
             ranks[report.rank] = state
         self.accepted += len(reports) + len(runs)
 
-    def _rl_growth(self, reports: list[Report]) -> int:
-        """RL series the batch adds: per rank, what it holds after the batch (each report's phases and
-        reward sources replace the ones before) less what it holds now; never below 0 per rank."""
+    def _rl_growth(self, reports: list[Report]) -> Counter[JobKey]:
+        """RL series the batch adds per job: per rank, what it holds after the batch (each report's phases
+        and reward sources replace the ones before) less what it holds now; never below 0 per rank."""
         before: dict[tuple[JobKey, int], int] = {}
         sets: dict[tuple[JobKey, int], tuple[int, int]] = {}  # (phases, sources) as the batch goes
         for report in reports:
@@ -448,8 +463,11 @@ class ProgressStore:
             phases, sources = sets[key]
             sets[key] = (len(report.phases) if report.phases is not None else phases,
                          len(report.rewards) if report.rewards is not None else sources)
-        return sum(max(0, SERIES_PER_RL_RANK + SERIES_PER_PHASE * phases + SERIES_PER_SOURCE * sources
-                       - before[key]) for key, (phases, sources) in sets.items())
+        growth: Counter[JobKey] = Counter()
+        for key, (phases, sources) in sets.items():
+            growth[key[0]] += max(0, SERIES_PER_RL_RANK + SERIES_PER_PHASE * phases + SERIES_PER_SOURCE * sources
+                                  - before[key])
+        return growth
 
     def _refuse(self, added: int, rejected: Rejected) -> Rejected:
         self.refused_series += added

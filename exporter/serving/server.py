@@ -13,7 +13,8 @@
 It also owns the training progress endpoint (a listener of its own, exporter/progress/endpoint.py)
 and the OTLP pusher. What the parts hand each other goes through `Shared` (exporter/framework/shared.py).
 Both ports are bounded by one `Guard` (exporter/serving/guard.py: connections, idle and slow clients,
-scrapes at once); client mistakes are 4xx and counted (exporter/serving/httplog.py), never a 500.
+scrapes at once, no compressed request bodies); client mistakes are 4xx and counted
+(exporter/serving/httplog.py), never a 500.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from exporter.serving import httplog
 from exporter.serving.digest import DigestCache
 from exporter.serving.exposition import Format, Publisher
 from exporter.serving.fleet import FleetGatherer, FleetThread, listing_of
-from exporter.serving.guard import Guard, GuardedTCPSite, runner_options
+from exporter.serving.guard import Guard, GuardedTCPSite, identity_bodies_only, runner_options
 from exporter.serving.nodeexporter_sd import node_exporter_groups
 
 if TYPE_CHECKING:
@@ -109,14 +110,15 @@ class Exporter:
         return "https" if self._ssl else "http"
 
     def make_app(self) -> web.Application:
-        # The web config's (rate limit, headers, client SANs, basic auth) come first: a request refused
-        # by them never holds one of the scrape slots.
+        # A compressed body is refused before anything else (no auth work for it); then the web config's
+        # (rate limit, headers, client SANs, basic auth): a request refused by them never holds one of the
+        # scrape slots.
         configured: list[Middleware] = []
         if self.web_config is not None:
             from exporter.serving.webconfig import middlewares
 
             configured = middlewares(self.web_config)
-        app = web.Application(middlewares=[*configured, self.guard.scrape_limit()])
+        app = web.Application(middlewares=[identity_bodies_only, *configured, self.guard.scrape_limit()])
         app.router.add_get(wire.METRICS_PATH, self._metrics)
         app.router.add_get(wire.HEALTH_PATH, self._healthz)
         app.router.add_get("/readyz", self._readyz)

@@ -154,13 +154,15 @@ RUN_HANG_THRESHOLD = gauge("raypulse_run_hang_threshold_seconds", "Seconds witho
                            only_when="for a launcher run whose health watcher reports it")
 REJECTED = counter("raypulse_train_rejected_reports_total", "Progress requests refused, by reason: invalid (400), "
                    "unauthorized (401: no or a wrong token), too_large (413), unsupported_media_type (415), "
-                   "too_many_jobs, too_many_ranks and too_many_series (429).", collector=NAME, labels=("reason",))
+                   "too_many_jobs, too_many_ranks, too_many_job_series (one job past progress.max_job_share) "
+                   "and too_many_series (429).", collector=NAME, labels=("reason",))
 SERIES = gauge("raypulse_train_series", "Series the progress store holds (bounded by progress.max_series).",
                collector=NAME)
 SERIES_LIMIT = gauge("raypulse_train_series_limit", "The most series the progress store holds (progress.max_series).",
                      collector=NAME)
 REFUSED_SERIES = counter("raypulse_train_refused_series_total", "Series that refused progress reports would have "
-                         "added (over progress.max_series, max_jobs or max_ranks_per_job): progress not shown.",
+                         "added (over progress.max_series, max_jobs, max_ranks_per_job or max_job_share): "
+                         "progress not shown.",
                          collector=NAME)
 
 
