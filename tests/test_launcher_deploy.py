@@ -294,6 +294,9 @@ def test_prometheus_discovers_and_scrapes_every_node(deployment: Deployment, tmp
         wait_until(all_up, 90, "Prometheus to scrape 4 exporters", interval=1)
         nodes = {r["metric"]["ray_node_id"] for r in prometheus.query('up{job="raypulse"}')}
         assert nodes == deployment.alive_node_ids()
+        # Every node's Ray metrics agent too, through the head exporter's /sd/ray (job "ray").
+        wait_until(lambda: len(prometheus.query(f'up{{job="{wire.RAY_METRICS_JOB}"}} == 1')) >= len(nodes), 90,
+                   "Prometheus to scrape every node's Ray metrics agent", interval=1)
         rules = prometheus.api("/api/v1/rules")["data"]["groups"]
         assert len(rules) >= 5  # alerts/rules/*.yaml loaded from their absolute paths
     finally:

@@ -50,7 +50,7 @@ GRPO_RUN = """
 
 def test_a_grpo_run_where_only_the_setup_hook_ran_is_reported_as_rl(exporter_with_progress, tmp_path):  # noqa: F811
     exporter, stats = run_hooked(exporter_with_progress, tmp_path, GRPO_RUN, "grpo-1", str(GRPO),
-                                 str(tmp_path / "model"), str(tmp_path / "out"))
+                                 str(tmp_path / "model"), str(tmp_path / "out"), last_step=3)
     assert stats["attached"] == 1
     assert stats["dropped"] == stats["rejected"] == 0
     assert stats["sent"] == 6  # three steps, each a training step and an RL iteration

@@ -59,7 +59,7 @@ VERL_RUN = """
 
 
 def test_verls_logged_steps_are_reported_as_rl_where_only_the_setup_hook_ran(exporter_with_progress, tmp_path):  # noqa: F811
-    exporter, stats = run_hooked(exporter_with_progress, tmp_path, VERL_RUN, "verl-1")
+    exporter, stats = run_hooked(exporter_with_progress, tmp_path, VERL_RUN, "verl-1", last_step=3)
     assert stats["dropped"] == stats["rejected"] == 0
     assert stats["sent"] == 6  # three steps, each a training step and an RL iteration; validation left out
     last = stats["logged"][-1]

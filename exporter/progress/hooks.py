@@ -5,7 +5,8 @@ ray/_private/workers/default_worker.py; not in the driver: there, one line attac
 
 - transformers: every `Trainer` the process builds (TRL's trainers among them, under Ray Train or in
   any actor) gets a `RaypulseCallback` (exporter/progress/trl.py);
-- verl: every `Tracking.log` of its trainer is also reported (exporter/progress/verl.py).
+- verl: every `Tracking.log` of its trainer is also reported (exporter/progress/verl.py);
+- OpenRLHF: every `BasePPOTrainer.save_logs_and_checkpoints` of its PPO trainer (exporter/progress/openrlhf.py).
 
 A process that never imports them pays nothing: a module is patched when it is imported (an import
 hook that steps aside once each is done), or at once when it already was. Never raises into the
@@ -24,6 +25,7 @@ from typing import Any
 
 TRAINER_MODULE = "transformers.trainer"
 TRACKING_MODULE = "verl.utils.tracking"
+OPENRLHF_MODULE = "openrlhf.trainer.ppo_trainer"
 _PATCHED = "_raypulse"  # set on a wrapped function: never wrapped twice
 
 
@@ -74,16 +76,28 @@ def _patch_verl(module: ModuleType) -> None:
         from exporter.progress.verl import report_step
 
         def report(tracking: Any, data: Any = None, step: Any = None, *args: Any, **kwargs: Any) -> None:
-            report_step(data if data is not None else kwargs.get("data"), step if step is not None
-                        else kwargs.get("step"))
+            report_step(data, step)  # Tracking.log(data, step, backend=None), by position or by name
 
         _wrap(module.Tracking, "log", report)
     except Exception:  # noqa: BLE001
         return
 
 
+def _patch_openrlhf(module: ModuleType) -> None:
+    try:
+        from exporter.progress.openrlhf import report_step
+
+        def report(trainer: Any, global_step: Any = None, logs_dict: Any = None, *args: Any, **kwargs: Any) -> None:
+            report_step(logs_dict, global_step)  # (global_step, logs_dict=None, client_states=None)
+
+        _wrap(module.BasePPOTrainer, "save_logs_and_checkpoints", report)
+    except Exception:  # noqa: BLE001
+        return
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {TRAINER_MODULE: _patch_transformers,
-                                                    TRACKING_MODULE: _patch_verl}
+                                                    TRACKING_MODULE: _patch_verl,
+                                                    OPENRLHF_MODULE: _patch_openrlhf}
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

@@ -21,37 +21,30 @@ training waits (at most FLUSH_SECONDS) for the last reports to leave. Never rais
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from transformers import TrainerCallback
 
 from exporter import progress
+from exporter.progress.logged import number
 
 REWARD = "reward"
 FLUSH_SECONDS = 5.0
 _REWARD_SOURCE_PREFIX, _REWARD_SOURCE_SUFFIX = "rewards/", "/mean"
 
 
-def _number(logs: Mapping[str, Any], key: str) -> float | None:
-    value = logs.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def iteration_fields(logs: Mapping[str, Any], completion_limit: float | None) -> dict[str, Any]:
     """progress.report_iteration's fields from one RL log of TRL (those it has)."""
     sources = {key[len(_REWARD_SOURCE_PREFIX):-len(_REWARD_SOURCE_SUFFIX)]: value for key in logs
                if key.startswith(_REWARD_SOURCE_PREFIX) and key.endswith(_REWARD_SOURCE_SUFFIX)
-               and (value := _number(logs, key)) is not None}
-    return {"reward_mean": _number(logs, REWARD), "reward_std": _number(logs, "reward_std"),
-            "rewards": sources or None, "kl": _number(logs, "kl"), "entropy": _number(logs, "entropy"),
-            "response_length_mean": _number(logs, "completions/mean_length"),
-            "response_length_max": _number(logs, "completions/max_length"),
+               and (value := number(logs, key)) is not None}
+    return {"reward_mean": number(logs, REWARD), "reward_std": number(logs, "reward_std"),
+            "rewards": sources or None, "kl": number(logs, "kl"), "entropy": number(logs, "entropy"),
+            "response_length_mean": number(logs, "completions/mean_length"),
+            "response_length_max": number(logs, "completions/max_length"),
             "response_length_limit": completion_limit,
-            "truncated_ratio": _number(logs, "completions/clipped_ratio")}
+            "truncated_ratio": number(logs, "completions/clipped_ratio")}
 
 
 class RaypulseCallback(TrainerCallback):
@@ -66,14 +59,14 @@ class RaypulseCallback(TrainerCallback):
             if logs is None or not state.is_world_process_zero or ("loss" not in logs and REWARD not in logs):
                 return  # the end-of-training summary, an evaluation: not a training step
             step = int(state.global_step)
-            tokens_seen = _number(logs, "num_tokens")
+            tokens_seen = number(logs, "num_tokens")
             tokens = None
             if tokens_seen is not None:
                 before = self._tokens_seen or 0.0
                 tokens = int(tokens_seen - before) if tokens_seen >= before else None
                 self._tokens_seen = tokens_seen
-            progress.report(step, loss=_number(logs, "loss"), grad_norm=_number(logs, "grad_norm"),
-                            learning_rate=_number(logs, "learning_rate"), tokens=tokens, rank=0)
+            progress.report(step, loss=number(logs, "loss"), grad_norm=number(logs, "grad_norm"),
+                            learning_rate=number(logs, "learning_rate"), tokens=tokens, rank=0)
             if REWARD in logs:
                 limit = getattr(args, "max_completion_length", None)
                 limit = float(limit) if isinstance(limit, (int, float)) and limit > 0 else None

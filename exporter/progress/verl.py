@@ -21,12 +21,12 @@ left out; nothing is invented (verl logs no reward std or length limit). Never r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from exporter import progress
 from exporter.contract import wire
+from exporter.progress.logged import number
 
 REWARD = "critic/score/mean"
 TIMING_PREFIX = "timing_s/"
@@ -35,26 +35,17 @@ PHASE_NAMES = {"update_weights": wire.RL_WEIGHT_SYNC_PHASE}
 RANK = 0  # the single controller (the TaskRunner) logs for the whole job
 
 
-def _number(data: Mapping[str, Any], key: str) -> float | None:
-    value = data.get(key)
-    try:
-        number = float(value)  # verl logs Python floats, numpy and 0-d torch values alike
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and not isinstance(value, bool) else None
-
-
 def iteration_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     """progress.report_iteration's fields from one step of verl's metrics (those it has)."""
     phases = {PHASE_NAMES.get(name, name): seconds for key in data if key.startswith(TIMING_PREFIX)
-              and (name := key[len(TIMING_PREFIX):]) != WHOLE_STEP and (seconds := _number(data, key)) is not None}
-    kl = _number(data, "actor/kl_loss")
-    return {"phases": phases or None, "reward_mean": _number(data, REWARD),
-            "kl": kl if kl is not None else _number(data, "actor/reward_kl_penalty"),
-            "entropy": _number(data, "actor/entropy"),
-            "response_length_mean": _number(data, "response_length/mean"),
-            "response_length_max": _number(data, "response_length/max"),
-            "truncated_ratio": _number(data, "response_length/clip_ratio")}
+              and (name := key[len(TIMING_PREFIX):]) != WHOLE_STEP and (seconds := number(data, key)) is not None}
+    kl = number(data, "actor/kl_loss")
+    return {"phases": phases or None, "reward_mean": number(data, REWARD),
+            "kl": kl if kl is not None else number(data, "actor/reward_kl_penalty"),
+            "entropy": number(data, "actor/entropy"),
+            "response_length_mean": number(data, "response_length/mean"),
+            "response_length_max": number(data, "response_length/max"),
+            "truncated_ratio": number(data, "response_length/clip_ratio")}
 
 
 def report_step(data: Mapping[str, Any], step: Any) -> None:
@@ -62,9 +53,9 @@ def report_step(data: Mapping[str, Any], step: Any) -> None:
     try:
         if not isinstance(data, Mapping) or REWARD not in data:
             return
-        tokens = _number(data, "perf/total_num_tokens")
-        progress.report(int(step), loss=_number(data, "actor/pg_loss"), grad_norm=_number(data, "actor/grad_norm"),
-                        learning_rate=_number(data, "actor/lr"),
+        tokens = number(data, "perf/total_num_tokens")
+        progress.report(int(step), loss=number(data, "actor/pg_loss"), grad_norm=number(data, "actor/grad_norm"),
+                        learning_rate=number(data, "actor/lr"),
                         tokens=int(tokens) if tokens is not None and tokens >= 0 else None, rank=RANK)
         progress.report_iteration(int(step), **iteration_fields(data), rank=RANK)
     except Exception:  # noqa: BLE001  (a metrics helper must never break training)
