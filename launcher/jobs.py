@@ -65,6 +65,8 @@ def read_token(token_path: Path | None) -> str | None:
     try:
         return wire.ray_auth_token(os.environ, token_path=token_path)
     except wire.RayTokenUnreadable as exc:
+        if exc.path is None:  # RAY_AUTH_TOKEN itself
+            raise TargetError(f"{exc.source}: {exc.reason}") from None
         raise TargetError(f"{exc.source}: cannot read the token file {exc.path}: {exc.reason}") from None
 
 
