@@ -304,3 +304,22 @@ def test_one_job_with_forged_launcher_metadata_does_not_break_the_listing(dashbo
     assert code == 0
     assert "attempts  1 of 1" in out
 
+
+def test_cluster_text_reaches_the_terminal_escaped(dashboard: FakeDashboard, tmp_path: Path):
+    """Issue 41, finding 10: a job's message (Ray puts the driver's log tail there) carried an OSC title
+    sequence and BEL to the terminal, and run ids from job metadata forged rows of `launcher list`."""
+    message = "\x1b]0;pwned\x07Job failed \x9b2J\rgone\nsecond line"
+    forged_sid = "raysubmit_x\n\x1b[2Jforged-run                         SUCCEEDED"
+    dashboard.jobs = [launched("esc-run-a1", "esc-run", status="FAILED", message=message),
+                      launched(forged_sid, "evil\nrow")]
+    code, out, _ = launcher_lines("status", "esc-run", "--address", dashboard.url, home=tmp_path)
+    assert code == 0
+    shown = "\n".join(out)
+    assert not set(shown) & {"\x1b", "\x07", "\x9b", "\r"}
+    assert "\\x1b]0;pwned\\x07Job failed \\x9b2J\\rgone" in shown
+    assert "second line" not in shown  # the rest of Ray's message is the log's tail, kept with the run
+    code, out, _ = launcher_lines("list", "--address", dashboard.url, home=tmp_path)
+    assert code == 0
+    assert len(out) == 3  # the header and two runs: no forged row
+    assert "\x1b" not in "".join(out)
+    assert out[2].startswith("raysubmit_x\\n\\x1b[2Jforged-run ")
