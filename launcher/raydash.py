@@ -69,6 +69,17 @@ def bounded(response: Any, deadline: float, timeout: float) -> Any:
     return response
 
 
+def _innermost(exc: BaseException) -> BaseException:
+    """The error a failed request started from (requests wraps urllib3's, which wraps the socket's)."""
+    for _ in range(8):
+        inner = next((candidate for candidate in (exc.__cause__, getattr(exc, "reason", None), *exc.args[:1])
+                      if isinstance(candidate, BaseException) and candidate is not exc), None)
+        if inner is None:
+            break
+        exc = inner
+    return exc
+
+
 class RayDashboard:
     def __init__(self, address: str, token: str | None, headers: dict[str, str] | None = None,
                  verify: bool | str | None = None) -> None:
@@ -84,9 +95,13 @@ class RayDashboard:
 
         timeout = READ_TIMEOUT_S if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        response = requests.get(self.address + path, headers=self.headers, verify=self.verify,
-                                timeout=(min(CONNECT_TIMEOUT_S, timeout), timeout), allow_redirects=False,
-                                hooks={"response": lambda answer, **_: bounded(answer, deadline, timeout)})
+        try:
+            response = requests.get(self.address + path, headers=self.headers, verify=self.verify,
+                                    timeout=(min(CONNECT_TIMEOUT_S, timeout), timeout), allow_redirects=False,
+                                    hooks={"response": lambda answer, **_: bounded(answer, deadline, timeout)})
+        except requests.RequestException as exc:  # an OSError already; its words are urllib3's nesting
+            cause = _innermost(exc)
+            raise OSError(getattr(cause, "strerror", None) or str(cause)) from None
         return response.status_code, response.content
 
     def get_json(self, path: str, timeout: float | None = None) -> Any:
