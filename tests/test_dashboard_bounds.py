@@ -1,7 +1,8 @@
-"""The launcher against a Ray dashboard that misbehaves (issue 41, findings 1 and 4): every call to the
-Jobs API has a deadline for its whole answer and a size cap, a redirect is never followed, and a
+"""The launcher against a Ray dashboard that misbehaves (issue 41, findings 1, 4, 6 and 10): every call to
+the dashboard has a deadline for its whole answer and a size cap, a redirect is never followed, a
 `launcher submit` whose dashboard stops answering still ends on SIGTERM as a stop (exit 3) with its
-record final.
+record final, every answer is parsed strictly (one line, exit 2 or 5, never a traceback; one forged job
+breaks no listing), and what the launcher prints of a cluster's text reaches the terminal escaped.
 
 The dashboard is a fake (`FakeDashboard`) of the routes Ray 2.x serves for the Jobs API and that the
 launcher calls (ray/dashboard/modules/job/job_head.py: GET /api/version, GET /api/jobs/, POST /api/jobs/,
