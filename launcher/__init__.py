@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from launcher.spec import JobSpec, SpecError
 
 # What the `[launcher]` extra brings on top of the exporter's dependencies.
-EXTRA_MODULES = frozenset({"ray", "rich", "packaging", "plotly", "numpy"})
+EXTRA_MODULES = frozenset({"ray", "rich", "packaging", "plotly", "numpy", "requests"})
 INSTALL_HINT = "pip install 'raypulse[launcher]'"
 _HOMES = {"RunHandle": "api", "down": "api", "logs": "api", "status": "api", "stop": "api", "submit": "api",
           "up": "api", "BadInput": "errors", "InfraError": "errors", "ExitCode": "exitcodes", "JobSpec": "spec",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -52,6 +53,7 @@ from launcher.state import (
     load_run,
     request_stop,
     run_dir,
+    valid_name,
 )
 from launcher.tracing import RunTrace, traces_url
 
@@ -321,19 +323,35 @@ def runs_on_cluster(client: JobsClient) -> dict[str, RunRecord]:
     runs: dict[str, RunRecord] = {}
     for job in sorted(client.list(), key=lambda item: item.start_time or 0):
         metadata = job.metadata or {}
-        run_id = metadata.get(wire.META_RUN_ID) or job.submission_id or job.job_id
+        keys = _launcher_keys(metadata)
+        if keys is None:  # not the launcher's job (or keys not as it writes them): a run of its own
+            metadata, keys = {}, (job.submission_id or job.job_id or "?", 1, 1)
+        run_id, attempt, max_attempts = keys
         run = runs.setdefault(run_id, RunRecord(
             run_id=run_id, name=metadata.get(wire.META_JOB_NAME, run_id), backend=TARGETED,
-            address=client.address, max_attempts=int(metadata.get(wire.META_MAX_ATTEMPTS, 1)),
-            created_at=(job.start_time or 0) / 1000))
+            address=client.address, max_attempts=max_attempts, created_at=(job.start_time or 0) / 1000))
         run.trace_id = metadata.get(wire.META_TRACE_ID) or run.trace_id  # the latest traced submit's
-        update_attempt(run, int(metadata.get(wire.META_ATTEMPT, 1)), seen_of(job))
+        update_attempt(run, attempt, seen_of(job))
     for run in runs.values():
         last = run.attempts[-1].status
         run.state = last if last in TERMINAL or last == "RUNNING" else "PENDING"
         if last in FINAL_STATES and (last != "FAILED" or len(run.attempts) >= run.max_attempts):
             run.exit_code = int(FINAL_STATES[last])
     return runs
+
+
+_ATTEMPT_NUMBER = re.compile(r"[1-9][0-9]{0,3}")  # raypulse.attempt and .max_attempts, as the launcher writes them
+
+
+def _launcher_keys(metadata: Mapping[str, str]) -> tuple[str, int, int] | None:
+    """(run id, attempt, max attempts) of a job the launcher submitted, from its raypulse.* metadata; None
+    for another job, and for one whose keys are not as the launcher writes them: anyone can set a job's
+    metadata (`ray job submit --metadata-json`), and one such job must not break the listing for all."""
+    run_id = metadata.get(wire.META_RUN_ID)
+    numbers = [metadata.get(wire.META_ATTEMPT, "1"), metadata.get(wire.META_MAX_ATTEMPTS, "1")]
+    if not run_id or not valid_name(run_id) or not all(_ATTEMPT_NUMBER.fullmatch(number) for number in numbers):
+        return None
+    return run_id, int(numbers[0]), int(numbers[1])
 
 
 def status(run_id: str, *, address: str | None = None, cluster: str | None = None,

@@ -30,7 +30,7 @@ from launcher.backends.kuberay import render as kuberay
 from launcher.backends.kuberay.backend import KubeRayBackend
 from launcher.backends.local.backend import UP_CLUSTER_NAME, LocalBackend
 from launcher.backends.registry import resolve
-from launcher.display import PlainReporter, Reporter, RichReporter, reporter_for_terminal
+from launcher.display import PlainReporter, Reporter, RichReporter, own_line, printable, reporter_for_terminal
 from launcher.errors import BadInput, Cancelled, InfraError
 from launcher.exitcodes import ExitCode
 from launcher.failing import fail
@@ -242,7 +242,9 @@ def _status_text(record: RunRecord) -> str:
         lines.append(f"events    {len(shown)}" + (f" (the latest {EVENTS_SHOWN})" if len(shown) > EVENTS_SHOWN else ""))
         for event in shown[-EVENTS_SHOWN:]:
             lines.append(f"  {_when(event.time)}  {event.kind:<22} {event.message or ''}".rstrip())
-    return redact.text("\n".join(lines))  # reasons and messages may quote a command or a URL
+    # Reasons and messages may quote a command or a URL; much of it came from the cluster (a job's message
+    # is its driver's log tail): each line printable, so nothing in it reaches the terminal as a control.
+    return redact.text("\n".join(printable(line) for line in lines))
 
 
 def _hang_thresholds(record: RunRecord) -> list[str]:
@@ -257,10 +259,10 @@ def _read(action: str, call: Callable[[], Any]) -> Any:
     try:
         return call()
     except BadInput as exc:
-        click.echo(f"launcher: {exc}", err=True)
+        click.echo(f"launcher: {own_line(str(exc))}", err=True)
         sys.exit(int(ExitCode.BAD_INPUT))
     except InfraError as exc:
-        click.echo(f"launcher: {action}: {exc}", err=True)
+        click.echo(f"launcher: {action}: {own_line(str(exc))}", err=True)
         sys.exit(int(ExitCode.INFRA_ERROR))
 
 
@@ -379,7 +381,7 @@ def stop(run_id: str, address: str | None, cluster: str | None, token_path: Path
     if output == "json":
         _print_json({"run_id": run_id, "stopped": list(stopped)})
         return
-    click.echo(f"launcher: stopped {', '.join(stopped)}" if stopped else
+    click.echo(f"launcher: stopped {printable(', '.join(stopped))}" if stopped else
                f"launcher: run {run_id} has no running attempt; it will not be retried", err=True)
 
 
@@ -431,8 +433,9 @@ def list_command(address: str | None, cluster: str | None, token_path: Path | No
                                     "clusters": [item.model_dump(mode="json") for item in clusters]}))
         return
     click.echo(f"{'RUN':<34} {'STATE':<18} {'ATTEMPTS':<8} {'BACKEND':<8} STARTED")
-    for run in runs:
-        click.echo(f"{run.run_id:<34} {run.state:<18} {len(run.attempts):<8} {run.backend:<8} {_when(run.created_at)}")
+    for run in runs:  # a run on a cluster: its id and state came from there
+        click.echo(printable(f"{run.run_id:<34} {run.state:<18} {len(run.attempts):<8} {run.backend:<8} "
+                             f"{_when(run.created_at)}"))
     if clusters:
         click.echo(f"\n{'CLUSTER':<34} {'NODES':<6} {'KEPT':<5} ADDRESS")
         for item in clusters:

@@ -3,11 +3,13 @@ plain `launcher: ...` lines otherwise (logs, CI). Step messages go to stderr; th
 goes to stdout, so `launcher submit ... > out.txt` captures exactly what the job printed.
 
 The launcher's own lines pass through launcher/redact.py (a message quoting a command or a URL never
-shows a password); the job's output is the job's and is shown as it is.
+shows a password) and `printable` (a message quoting a cluster's answer never sends the terminal a control
+sequence); the job's output is the job's and is shown as it is.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -18,6 +20,22 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from launcher import redact
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL, C1
+
+
+def printable(text: str, keep: str = "") -> str:
+    """Text that came from a cluster (a job's message, a run id from its metadata, an error quoting an
+    answer) as the launcher prints it: every control character but those in `keep` written as its escape
+    (`\\x1b`, `\\n`), so none reaches the terminal (ESC starts OSC and CSI sequences, BEL ends one, a
+    newline forges a row)."""
+    return _CONTROL.sub(lambda found: found[0] if found[0] in keep else found[0].encode("unicode_escape").decode(),
+                        text)
+
+
+def own_line(text: str) -> str:
+    """One of the launcher's own lines (a message may quote a command, a URL, a cluster's answer)."""
+    return printable(redact.text(text), keep="\n")
 
 
 class Reporter:
@@ -52,7 +70,7 @@ class PlainReporter(Reporter):
         self._lock = threading.Lock()
 
     def _line(self, text: str) -> None:
-        text = redact.text(text)
+        text = own_line(text)
         with self._lock:
             self._err.write(f"launcher: {text}\n")
             self._err.flush()
@@ -99,26 +117,26 @@ class RichReporter(PlainReporter):
         if self._progress is None:
             super().step(key, text)
             return
-        self._tasks[key] = self._progress.add_task(escape(redact.text(text)), total=1)
+        self._tasks[key] = self._progress.add_task(escape(own_line(text)), total=1)
 
     def done(self, key: str, text: str) -> None:
         task = self._tasks.pop(key, None)
         if self._progress is None or task is None:
             super().done(key, text)
             return
-        self._progress.update(task, description=escape(redact.text(text)), completed=1)
+        self._progress.update(task, description=escape(own_line(text)), completed=1)
 
     def _print(self, markup: str) -> None:
         (self._progress.console if self._progress else self._console).print(markup, soft_wrap=True)
 
     def _line(self, text: str) -> None:  # the plain reporter's lines, once the live display is over
-        self._print(f"[bold]launcher:[/] {escape(redact.text(text))}")
+        self._print(f"[bold]launcher:[/] {escape(own_line(text))}")
 
     def info(self, text: str) -> None:
-        self._print(f"[bold]launcher:[/] {escape(redact.text(text))}")
+        self._print(f"[bold]launcher:[/] {escape(own_line(text))}")
 
     def warn(self, text: str) -> None:
-        self._print(f"[bold yellow]launcher: warning:[/] {escape(redact.text(text))}")
+        self._print(f"[bold yellow]launcher: warning:[/] {escape(own_line(text))}")
 
     def log(self, text: str) -> None:
         self._end_live()

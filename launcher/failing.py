@@ -8,13 +8,13 @@ from typing import Any, NoReturn
 
 import click
 
-from launcher import redact
+from launcher.display import own_line
 from launcher.exitcodes import ExitCode
 from launcher.journal import Journal
 
 
 def fail(command: str, message: object, code: ExitCode, **details: Any) -> NoReturn:
-    click.echo(f"launcher: {redact.text(str(message))}", err=True)  # a refused URL may carry a password
+    click.echo(f"launcher: {own_line(str(message))}", err=True)  # a URL may carry a password, an answer escapes
     kind = "command.refused" if code == ExitCode.BAD_INPUT else "command.failed"
     Journal().emit(kind, command=command, error=str(message), **details)
     sys.exit(int(code))

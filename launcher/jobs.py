@@ -8,11 +8,12 @@ so the client is built without them.
 Ray's client calls `requests` with no timeout, follows redirects and reads whatever comes: a dashboard that
 accepts a request and never answers held the launcher forever (SIGTERM waited behind the read), a 307 sent
 the token, --headers and the job's runtime env to another host, and an answer's size had no bound. Here
-every request has one deadline for its whole answer (REQUEST_TIMEOUT_S; an upload UPLOAD_TIMEOUT_S: a
-socket timeout alone restarts with every byte, so the reads' reaper cuts the connection at the deadline), a
-redirect is refused, never followed, and an answer is read up to MAX_ANSWER_BYTES. A failed or cut request
-is an OSError, which the follow loop counts against the loss limit (a dashboard silent past it: the
-cluster is lost).
+every request has one deadline for its whole answer (REQUEST_TIMEOUT_S; an upload UPLOAD_TIMEOUT_S) and
+is read within the bounds of every dashboard answer (launcher/raydash.py: the reads' reaper cuts the
+connection at the deadline, a redirect is refused, an answer is read up to MAX_ANSWER_BYTES). A failed
+or cut request is an OSError, which the follow loop counts against the loss limit (a dashboard silent past
+it: the cluster is lost). What an answer holds is checked as strictly: one that is not what Ray's Jobs API
+answers is a ClusterLost (a job row that is not, in a list, is left out: anyone can submit a job).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from packaging.version import Version
 
 from exporter.contract import wire
 from launcher.errors import BadInput, InfraError
-from launcher.health import exporters
-from launcher.raydash import RayDashboard
+from launcher.raydash import CONNECT_TIMEOUT_S, RayDashboard, bounded
 
 MIN_RAY_VERSION = Version("2.6")
+MAX_VERSION_CHARS = 64  # of /api/version's ray_version
 ADDRESS_VARIABLES = (wire.ENV_RAY_API_SERVER_ADDRESS, wire.ENV_RAY_ADDRESS)  # Ray's precedence
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # One call to the Jobs API, its whole answer: a status poll, a submit, a stop, a list. Short: a SIGTERM is
@@ -44,12 +45,6 @@ TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 REQUEST_TIMEOUT_S = 5.0
 LOGS_TIMEOUT_S = 60.0  # a job's whole log (`launcher logs`): up to MAX_ANSWER_BYTES
 UPLOAD_TIMEOUT_S = 300.0  # a request with a body to send (a working_dir's package: megabytes)
-CONNECT_TIMEOUT_S = 5.0
-MAX_ANSWER_BYTES = 64 * 2**20  # a job's whole log (`launcher logs`) is the largest answer asked for
-
-
-class RedirectRefused(OSError):
-    """The dashboard answered with a redirect: never followed (the token and headers would go along)."""
 
 
 class TargetError(BadInput):
@@ -65,6 +60,8 @@ def read_token(token_path: Path | None) -> str | None:
     try:
         return wire.ray_auth_token(os.environ, token_path=token_path)
     except wire.RayTokenUnreadable as exc:
+        if exc.path is None:  # RAY_AUTH_TOKEN itself
+            raise TargetError(f"{exc.source}: {exc.reason}") from None
         raise TargetError(f"{exc.source}: cannot read the token file {exc.path}: {exc.reason}") from None
 
 
@@ -111,21 +108,24 @@ class JobsClient:
                               "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH")
         if status != 200:
             raise TargetError(f"{field}: {self.address} did not answer like a Ray dashboard (HTTP {status})")
-        try:
-            version = json.loads(body)["ray_version"]
-        except (ValueError, KeyError) as exc:
-            raise TargetError(f"{field}: {self.address}/api/version did not name a Ray version ({exc})") from None
-        if Version(version) < MIN_RAY_VERSION:
+        version = _ray_version(body)
+        if version is None:
+            raise TargetError(f"{field}: {self.address}/api/version did not name a Ray version (a JSON object with "
+                              "ray_version, as Ray's dashboard answers); is this a Ray dashboard?")
+        if version < MIN_RAY_VERSION:
             raise TargetError(f"{field}: the cluster at {self.address} runs Ray {version}; the launcher needs Ray >= "
                               f"{MIN_RAY_VERSION} (Jobs API with submission ids and metadata). Upgrade the cluster.")
-        return version
+        return str(version)
 
     # --- jobs ---------------------------------------------------------------------------------
 
     def details(self, submission_id: str) -> Any | None:
         """Ray's JobDetails, or None when no job has this submission id."""
         try:
-            return self._client.get_job_info(submission_id)
+            with self._answer("a job's details"):
+                return self._client.get_job_info(submission_id)
+        except ClusterLost:
+            raise
         except RuntimeError as exc:
             if "status code 404" in str(exc):
                 return None
@@ -146,10 +146,24 @@ class JobsClient:
             return False
 
     def logs(self, submission_id: str) -> str:
-        return self._client.get_job_logs(submission_id)
+        with self._answer("a job's log"):
+            return self._client.get_job_logs(submission_id)
 
     def list(self) -> list[Any]:
-        return self._client.list_jobs()
+        """Every job's JobDetails; a row that is not one is left out (anyone can submit a job: one row must
+        not hide the others)."""
+        with self._answer("the list of jobs"):
+            return self._client.list_jobs()
+
+    @contextlib.contextmanager
+    def _answer(self, what: str) -> Iterator[None]:
+        """An answer that is not what Ray's Jobs API answers (not JSON, nested past the parser, not its
+        shape, a status Ray has not): ClusterLost, in one line that quotes none of it."""
+        try:
+            yield
+        except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+            raise ClusterLost(f"the Jobs API at {self.address} answered {what} in a form Ray's does not have "
+                              f"({type(exc).__name__}); is this a Ray dashboard?") from None
 
     def follow_logs(self, submission_id: str, write: Callable[[str], None]) -> threading.Thread:
         """Stream the job's log to `write` from a thread until the job ends (or the socket closes)."""
@@ -167,14 +181,39 @@ class JobsClient:
         return thread
 
 
+def _ray_version(body: bytes) -> Version | None:
+    """The version in Ray's /api/version answer ({"ray_version": "2.40.0", ...}); None for anything else."""
+    try:
+        answer = json.loads(body)
+        version = answer.get("ray_version") if isinstance(answer, dict) else None
+        return Version(version) if isinstance(version, str) and len(version) <= MAX_VERSION_CHARS else None
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested past the parser, not a version
+        return None
+
+
 @functools.cache
 def _bounded_client() -> type:
     """Ray's JobSubmissionClient, every request bounded (the module's docstring): its own requests go
     through `_do_request`, which passes keyword arguments on to `requests.request`. Made at the first
     client (importing Ray is not for every launcher command)."""
+    from ray.dashboard.modules.job.pydantic_models import JobDetails
     from ray.job_submission import JobSubmissionClient
 
     class BoundedJobSubmissionClient(JobSubmissionClient):
+        def list_jobs(self) -> list[Any]:
+            """Ray's list_jobs, a row that is not a JobDetails left out."""
+            response = self._do_request("GET", "/api/jobs/")
+            if response.status_code != 200:
+                self._raise_error(response)
+            rows = response.json()
+            if not isinstance(rows, list):
+                raise TypeError("not a list of jobs")
+            jobs = []
+            for row in rows:
+                with contextlib.suppress(TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+                    jobs.append(JobDetails(**row))
+            return jobs
+
         def _do_request(self, method: str, endpoint: str, *, data: bytes | None = None,
                         json_data: dict | None = None, **kwargs: Any) -> Any:
             timeout = UPLOAD_TIMEOUT_S if data is not None else LOGS_TIMEOUT_S if endpoint.endswith("/logs") \
@@ -182,37 +221,7 @@ def _bounded_client() -> type:
             deadline = time.monotonic() + timeout
             kwargs.setdefault("timeout", (min(CONNECT_TIMEOUT_S, timeout), timeout))
             return super()._do_request(method, endpoint, data=data, json_data=json_data, allow_redirects=False,
-                                       hooks={"response": lambda response, **_: _bounded(response, deadline,
+                                       hooks={"response": lambda response, **_: bounded(response, deadline,
                                                                                          timeout)}, **kwargs)
 
     return BoundedJobSubmissionClient
-
-
-def _bounded(response: Any, deadline: float, timeout: float) -> Any:
-    """A `requests` response hook (it runs before requests reads the body): the body read here, whole by the
-    deadline and at most MAX_ANSWER_BYTES (decoded), or an OSError; a redirect refused."""
-    if response.is_redirect:
-        response.close()
-        where = "".join(ch if ch.isprintable() else "?" for ch in response.headers.get("Location", ""))[:120]
-        raise RedirectRefused(f"the Ray dashboard answered {response.status_code} to {where or 'elsewhere'}: a "
-                              "redirect is not followed (the token and --headers would go with it); give the "
-                              "address it names, if you trust it")
-    raw = response.raw
-    expired = threading.Event()
-    connection = getattr(raw, "connection", None)
-    entry = exporters.cut_at(deadline, connection, expired) if connection is not None else None
-    try:
-        body = exporters.read_body(lambda size: raw.read1(size, decode_content=True),
-                                   lambda: raw.length_remaining, None, expired, deadline, timeout,
-                                   MAX_ANSWER_BYTES)
-    except Exception as exc:  # noqa: BLE001 - foreign input: whatever the read raises is one OSError
-        response.close()
-        if expired.is_set():
-            raise exporters.ReadError(f"the Ray dashboard gave no whole answer within {timeout:g}s") from None
-        raise exporters.why(exc) from None
-    finally:
-        if entry is not None:
-            exporters.forget_cut(entry)
-    response._content = body  # what requests would have read itself (Response.content)
-    response._content_consumed = True
-    return response

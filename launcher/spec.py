@@ -86,6 +86,26 @@ def _check_resources(resources: dict[str, float]) -> dict[str, float]:
     return resources
 
 
+# What an HTTP client sends as a header without refusing it (a refusal's error would quote the value, which
+# may be a credential): a name is an RFC 9110 token, a value printable Latin-1 (tabs inside allowed),
+# with no line break, control character or whitespace at either end.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
+_HEADER_VALUE = re.compile(r"(?:[\x21-\x7e\xa1-\xff](?:[\t\x20-\x7e\xa0-\xff]*[\x21-\x7e\xa1-\xff])?)?")
+
+
+def check_headers(headers: dict[str, str]) -> dict[str, str]:
+    """--headers as an HTTP client can send them; an error names the header, never its value."""
+    for number, (name, value) in enumerate(headers.items(), 1):
+        if not _HEADER_NAME.fullmatch(name):
+            raise ValueError(f"header {number}'s name is not an HTTP header name (letters, digits and "
+                             "!#$%&'*+-.^_`|~); fix it in --headers")
+        if not _HEADER_VALUE.fullmatch(value):
+            raise ValueError(f"the value of header {name!r} has a line break, a control character, a character "
+                             "outside Latin-1 or whitespace at an end (not shown: it may be a credential); fix it "
+                             "in --headers")
+    return headers
+
+
 def _dns_label(value: str, limit: int) -> str:
     if not DNS_LABEL.fullmatch(value) or len(value) > limit:
         raise ValueError(f"{value!r} must start with a letter, then lowercase letters, digits or '-', end "
@@ -299,6 +319,11 @@ class JobSpec(_Strict):
         if value is not None and not submission.VALID.fullmatch(value):
             raise ValueError(f"{value!r} must be 1-{submission.MAX_LENGTH} letters, digits, '-', '_' or '.'")
         return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return value if value is None else check_headers(value)
 
     @field_validator("verify")
     @classmethod

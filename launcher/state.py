@@ -131,7 +131,8 @@ def _named_dir(kind: str, name: str, field: str) -> Path:
     return path
 
 
-def _valid_name(name: str) -> bool:
+def valid_name(name: str) -> bool:
+    """Whether `name` is a run id or cluster name as `submit` accepts them."""
     try:
         _dns_label(name, MAX_RUN_ID)
     except ValueError:
@@ -222,7 +223,7 @@ def cluster_dir(name: str) -> Path:
 
 def load_cluster(name: str) -> ClusterRecord | None:
     """The cluster's record; None when there is none, or when `name` cannot be a cluster's."""
-    if not _valid_name(name):
+    if not valid_name(name):
         return None
     try:
         return ClusterRecord.model_validate_json((cluster_dir(name) / "cluster.json").read_text())
@@ -358,7 +359,7 @@ def run_dir(run_id: str) -> Path:
 def load_run(run_id: str) -> RunRecord | None:
     """The run's record; None when there is none, or when `run_id` cannot be a run's (an id from a
     cluster's job metadata, say). BadInput when its directory is a link out of $RAYPULSE_HOME."""
-    if not _valid_name(run_id):
+    if not valid_name(run_id):
         return None
     try:
         return RunRecord.model_validate_json((run_dir(run_id) / "run.json").read_text())

@@ -232,6 +232,50 @@ def test_a_refused_submit_leaves_a_private_audit_log(home: Path, tmp_path: Path)
     assert "pw3" not in (home / "audit.log").read_text()
 
 
+@pytest.mark.parametrize("headers", ['{"X-Api-Key": "SECRET\\r"}', '{"X-Api-Key": "SECRET\\nX-Other: 1"}',
+                                     '{"X-Api-Key": "SECRET\\u2603"}', '{"X-Api-Key": "SECRET\\u0085"}',
+                                     '{"X-Api-Key\\n": "SECRET"}'])
+def test_a_header_an_http_client_would_refuse_is_refused_up_front_without_its_value(home: Path, headers: str):
+    """Issue 41, finding 5: the HTTP client's own refusal quoted the value (`Invalid header value
+    b'SECRET\\r'`) in a traceback, exit 1."""
+    result = launcher("submit", "--address", "http://127.0.0.1:1", "--headers", headers, "--", "python t.py",
+                      home=home)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert "headers" in line
+    assert "--headers" in line
+    assert "SECRET" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("content", ["TOKEN\nSECOND-LINE\n", "TO\x1bKEN\n", "TOKEN and more\r\n\r\nX: y\n"])
+def test_a_token_file_that_is_not_one_line_is_refused_naming_the_file_not_the_token(home: Path, tmp_path: Path,
+                                                                                      content: str):
+    """Issue 41, finding 5: a two-line token file went into the Authorization header, and the HTTP
+    client's refusal printed the token; exit 1."""
+    token = tmp_path / "token-file"
+    token.write_text(content)
+    for command in (["list"], ["submit", "--", "python t.py"]):
+        result = launcher(*command[:1], "--address", "http://127.0.0.1:1", "--token-path", str(token),
+                          *command[1:], home=home)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        line = result.stderr.splitlines()[-1]  # submit says which run it is first
+        assert line.startswith("launcher: token_path: ")
+        assert str(token) in line
+        assert "one line" in line
+        assert "TO" not in (result.stderr + result.stdout).replace(str(token), "").replace("token", "")
+
+
+def test_a_ray_auth_token_that_is_not_one_line_is_refused_without_it(home: Path):
+    result = subprocess.run([sys.executable, "-m", "launcher", "list", "--address", "http://127.0.0.1:1"],
+                            capture_output=True, text=True, cwd=REPO, timeout=120,
+                            env={**os.environ, "RAYPULSE_HOME": str(home), "RAY_AUTH_TOKEN": "SECRET\nTWO"})
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert "RAY_AUTH_TOKEN" in line
+    assert "SECRET" not in line
+
+
 # --- exporters the launcher starts under a web config ---------------------------------------------------
 
 

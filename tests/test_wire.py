@@ -38,6 +38,13 @@ def test_the_ray_token_is_found_where_ray_looks(tmp_path: Path):
     assert wire.ray_auth_token({}, tmp_path / "elsewhere") is None  # no ~/.ray/auth_token: no token
     with pytest.raises(wire.RayTokenUnreadable, match="RAY_AUTH_TOKEN_PATH"):
         wire.ray_auth_token({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")}, tmp_path)
+    # What an Authorization header cannot carry is no token (issue 41, finding 5); the error does not show it.
+    (tmp_path / "two-lines").write_text("tok1\ntok2\n")
+    with pytest.raises(wire.RayTokenUnreadable, match="one line") as refused:
+        wire.ray_auth_token({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "two-lines")}, tmp_path)
+    assert "tok1" not in str(refused.value)
+    with pytest.raises(wire.RayTokenUnreadable, match=r"RAY_AUTH_TOKEN: .*one line"):
+        wire.ray_auth_token({"RAY_AUTH_TOKEN": "tok\x1b]0;x\x07"}, tmp_path)
 
 
 def test_a_changed_token_file_is_read_again(tmp_path: Path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -149,11 +150,20 @@ ENV_RAY_API_SERVER_ADDRESS = "RAY_API_SERVER_ADDRESS"  # a dashboard URL (Jobs A
 ENV_RAY_ADDRESS = "RAY_ADDRESS"  # a dashboard URL, or a GCS address (head:6379, auto) for ray.init
 
 
-class RayTokenUnreadable(OSError):
-    """The token file that was named (or found) cannot be read."""
+# A token goes into an Authorization header: one line of printable ASCII. Anything else (a second line, a
+# control character) would make the HTTP client refuse the header with the token in its error message.
+_TOKEN = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
+NOT_A_TOKEN = ("holds more than one line, or characters a token cannot have (not shown: it is a credential); "
+               "the token goes alone on one line")
 
-    def __init__(self, path: Path, source: str, reason: str) -> None:
-        super().__init__(f"cannot read the Ray auth token file {path} ({source}): {reason}")
+
+class RayTokenUnreadable(OSError):
+    """The token file that was named (or found) cannot be read, or what it (or RAY_AUTH_TOKEN: path None)
+    holds is not a token."""
+
+    def __init__(self, path: Path | None, source: str, reason: str) -> None:
+        super().__init__(f"cannot read the Ray auth token file {path} ({source}): {reason}" if path is not None
+                         else f"cannot use the Ray auth token of {source}: {reason}")
         self.path = path
         self.source = source  # which setting named the file
         self.reason = reason
@@ -178,6 +188,8 @@ def _read_token_file(path: Path, source: str) -> str | None:
             cached = (mtime, path.read_text().strip() or None)
         except (OSError, UnicodeDecodeError) as exc:
             raise RayTokenUnreadable(path, source, getattr(exc, "strerror", None) or str(exc)) from None
+        if cached[1] is not None and not _TOKEN.fullmatch(cached[1]):
+            raise RayTokenUnreadable(path, source, NOT_A_TOKEN)
         _file_cache[path] = cached
     return cached[1]
 
@@ -189,13 +201,15 @@ def ray_auth_token(environ: Mapping[str, str] = os.environ, home: Path | None = 
     Order as Ray reads it (its token-authentication docs): an explicit `token_path` (the
     launcher's --token-path) first, then RAY_AUTH_MODE=disabled (none), RAY_AUTH_TOKEN, the file
     named by RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token. Raises RayTokenUnreadable when a file
-    that was named cannot be read."""
+    that was named cannot be read, or the token found is not one line of printable ASCII."""
     if token_path is not None:
         return _read_token_file(token_path.expanduser(), "token_path")
     if environ.get(ENV_RAY_AUTH_MODE, "").strip().lower() == "disabled":
         return None
     token = environ.get(ENV_RAY_AUTH_TOKEN, "").strip()
     if token:
+        if not _TOKEN.fullmatch(token):
+            raise RayTokenUnreadable(None, ENV_RAY_AUTH_TOKEN, NOT_A_TOKEN)
         return token
     if environ.get(ENV_RAY_AUTH_TOKEN_PATH):
         return _read_token_file(Path(environ[ENV_RAY_AUTH_TOKEN_PATH]).expanduser(), ENV_RAY_AUTH_TOKEN_PATH)
