@@ -74,6 +74,13 @@ def third_party_imports(package: str) -> Iterator[tuple[str, str]]:
                     yield top, str(path.relative_to(REPO))
 
 
+# Imports of the framework a module serves, made only where that framework runs: the Ray Train helper and
+# the RLlib callback in Ray's workers, TRL's callback where transformers trains (exporter/progress/hooks.py
+# imports it only once transformers is imported).
+FRAMEWORK_IMPORTS = {("ray", "exporter/progress/client.py"), ("ray", "exporter/progress/rllib.py"),
+                     ("transformers", "exporter/progress/trl.py")}
+
+
 @pytest.mark.parametrize(("package", "extras"), [
     ("exporter", ()),  # the base install: `raypulse[exporter]` adds nothing to it
     ("alerts", ()),
@@ -85,8 +92,8 @@ def test_every_third_party_import_is_declared(package, extras):
     allowed = declared(*extras)
     missing = []
     for module, where in third_party_imports(package):
-        if module == "ray" and where in ("exporter/progress/client.py", "exporter/progress/rllib.py"):
-            continue  # the Ray Train helper and the RLlib callback: imported only in Ray's workers, where Ray is
+        if (module, where) in FRAMEWORK_IMPORTS:
+            continue
         candidates = {normalize(name) for name in distributions.get(module, [module])}
         if not candidates & allowed:
             missing.append(f"{where}: import {module} (distribution {sorted(candidates)})")
