@@ -6,7 +6,6 @@ names the field, where it came from, and what is expected.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import types
@@ -18,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from exporter import profiles
+from exporter import profiles, userinput
 from exporter.contract import strict, wire
 
 DEFAULT_PORT = wire.EXPORTER_PORT
@@ -368,24 +367,13 @@ class YamlFileError(ConfigError):
 
 def read_yaml_file(path: Path, what: str, holds: str = "settings") -> dict[str, Any]:
     """The mapping in a user's YAML file (JSON is YAML too); an empty file is an empty mapping. Every
-    user file goes through here (exporter and web configs, job specs, runtime envs): an unreadable
-    file, one not UTF-8, not YAML, nested too deeply or not a mapping (of `holds`) is a YamlFileError
-    naming `what` and the file."""
-    import yaml  # only when there is a file: `exporter serve` without one does without PyYAML (0.8 MB)
-
+    user file goes through here (exporter and web configs, job specs, pod templates, runtime envs): one
+    that is not a readable regular file within exporter/userinput.py's bounds (size, aliases, nesting),
+    not UTF-8, not YAML or not a mapping (of `holds`) is a YamlFileError naming `what` and the file."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise YamlFileError(what, path, f"cannot read: {reason}", unreadable=reason) from None
-    except UnicodeDecodeError as exc:
-        raise YamlFileError(what, path, f"not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise YamlFileError(what, path, f"not valid YAML: {exc}") from None
-    except RecursionError:
-        raise YamlFileError(what, path, "nested too deeply to be a configuration") from None
+        data = userinput.load_yaml(userinput.read_text(path))
+    except userinput.InputError as exc:
+        raise YamlFileError(what, path, exc.problem, unreadable=exc.unreadable) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -475,13 +463,12 @@ def _environment_values(environ: Mapping[str, str]) -> dict[str, Any]:
         takes_json = _takes_json(_annotation_at(path))
         if takes_json:
             try:
-                value = json.loads(value)
-            except ValueError as exc:
+                value = userinput.load_json(value)
+            except userinput.InputError as exc:
                 if takes_json == "must":
                     raise ConfigError(
-                        f"invalid configuration in the environment: {name} ({'.'.join(path)}) is not valid JSON "
-                        f"({exc}); lists and mappings are JSON, e.g. {ENV_PREFIX}NODE__CHECKPOINT_PATHS="
-                        "'[\"/ckpt\"]'") from None
+                        f"invalid configuration in the environment: {name} ({'.'.join(path)}) is {exc.problem}; "
+                        f"lists and mappings are JSON, e.g. {ENV_PREFIX}NODE__CHECKPOINT_PATHS='[\"/ckpt\"]'") from None
         found.append((path, value))
     values: dict[str, Any] = {}
     for path, value in sorted(found, key=lambda item: len(item[0])):  # a whole section first, then its fields
