@@ -464,6 +464,14 @@ def test_the_command_takes_every_knob(tmp_path, validators):
         assert message in refused.output, (bad, refused.output)
 
 
+def test_a_scrape_job_that_would_change_the_rules_promql_is_refused(tmp_path):
+    refused = CliRunner().invoke(launcher_main, ["exporters", "manifests", "--scrape-job", 'j"} or vector(1) #'],
+                                 env={"RAYPULSE_HOME": str(tmp_path / "home")})
+    assert refused.exit_code == 2, refused.output
+    assert refused.stdout == ""  # no rule, nothing half-written
+    assert "scrape job 'j\"} or vector(1) #' is not a plain job name" in refused.stderr
+
+
 def test_the_command_line_adds_our_watchdog_only_when_asked():
     def alerts(*flags: str) -> set[str]:
         result = subprocess.run([sys.executable, "-m", "launcher", "exporters", "manifests", "-o", "json", *flags],
