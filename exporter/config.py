@@ -51,7 +51,8 @@ MIN_INTERVAL_SECONDS = 0.5
 
 class CollectorSettings(_Strict):
     enabled: bool | None = Field(None, description="Run this collector; unset means its default.")
-    interval_seconds: float | None = Field(None, ge=MIN_INTERVAL_SECONDS, le=3600, description="Seconds between runs.")
+    interval_seconds: float | None = Field(None, ge=MIN_INTERVAL_SECONDS, le=3600,
+                                           description=f"Seconds between runs ({MIN_INTERVAL_SECONDS:g} to 3600).")
     deadline_seconds: float | None = Field(None, gt=0, le=3600,
                                            description="A run taking longer counts as a timeout.")
 
@@ -125,7 +126,7 @@ class OtlpSettings(_Strict):
     endpoint: str | None = Field(None, pattern=r"^https?://", description=(
         "OTLP/HTTP base URL (http://collector:4318; /v1/metrics is added) to push every metric to; "
         "unset: the standard OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT variables decide, none means no push."))
-    interval_seconds: float = Field(15.0, ge=1, le=3600, description="Seconds between OTLP pushes.")
+    interval_seconds: float = Field(15.0, ge=1, le=3600, description="Seconds between OTLP pushes (1 to 3600).")
     timeout_seconds: float = Field(10.0, gt=0, le=300, description="An OTLP push taking longer is dropped.")
     headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers (e.g. an API key) "
                                     "for the OTLP endpoint; OTEL_EXPORTER_OTLP_HEADERS works too.")
