@@ -110,6 +110,9 @@ def load_yaml(text: str) -> Any:
         value = yaml.load(text, Loader=_loader())  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise InputError(f"not valid YAML: {exc}") from None
+    except (ValueError, ArithmeticError, LookupError, TypeError, AttributeError) as exc:
+        # A scalar PyYAML's constructors fail on with their own errors: 2001-02-30, `!!int` or `!!timestamp` empty.
+        raise InputError(f"not valid YAML: a value it cannot take ({type(exc).__name__}: {exc})") from None
     except RecursionError:
         raise InputError(f"nested too deeply (more than {MAX_DEPTH} levels)") from None
     _check_depth(value)

@@ -5,12 +5,15 @@ gigabytes of output. Each CLI runs as a real process with a deadline, so a hang 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter import userinput
 from tests.conftest import REPO
@@ -123,3 +126,30 @@ def test_a_file_at_the_cap_is_read(tmp_path):
     path = tmp_path / "full.yaml"
     path.write_bytes(b"#" * (userinput.MAX_FILE_BYTES - 1) + b"\n")
     assert userinput.read_text(path).startswith("#")
+
+
+@pytest.mark.parametrize("text", ["a: 2001-02-30", "a: !!int zz", "a: !!float x", "a: !!timestamp 2001-13-01",
+                                  "!!int", "!!timestamp"])
+def test_a_scalar_yaml_cannot_build_is_an_input_error(text):
+    with pytest.raises(userinput.InputError, match="not valid YAML"):
+        userinput.load_yaml(text)
+
+
+_YAML_PIECES = st.sampled_from(["a: ", "- ", "&x ", "*x", "<<: *x", "!!int ", "!!binary ", "!!timestamp ",
+                                "2001-02-30", "[", "]", "{", "}", ", ", ": ", "\n", "  ", "? ", "'", '"', "1e999",
+                                ".inf", "~", "#", "---\n", "|\n", "x"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(max_size=60), st.lists(_YAML_PIECES, max_size=30).map("".join)))
+def test_yaml_text_gives_a_value_or_an_input_error_and_nothing_else(text):
+    with contextlib.suppress(userinput.InputError):
+        userinput.load_yaml(text)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(max_size=60), st.lists(st.sampled_from(["[", "]", "{", "}", '"a"', ":", ",", "1e999",
+                                                                  "NaN", "-", "0"]), max_size=40).map("".join)))
+def test_json_text_gives_a_value_or_an_input_error_and_nothing_else(text):
+    with contextlib.suppress(userinput.InputError):
+        userinput.load_json(text)
