@@ -153,3 +153,12 @@ def test_yaml_text_gives_a_value_or_an_input_error_and_nothing_else(text):
 def test_json_text_gives_a_value_or_an_input_error_and_nothing_else(text):
     with contextlib.suppress(userinput.InputError):
         userinput.load_json(text)
+
+
+@pytest.mark.parametrize("bad", ["fifo", "dev-zero", "over the cap"])
+def test_a_web_config_naming_a_hostile_certificate_file_is_refused(bad, bad_files, tmp_path):
+    path, problem = bad_files[bad]
+    web_config = tmp_path / "web-config.yml"
+    web_config.write_text(f"tls_server_config:\n  cert_file: {path}\n  key_file: {path}\n")
+    result = run("exporter", ["check-config", "--web-config", str(web_config)], tmp_path)
+    assert_refused(result, str(web_config), f"tls_server_config.cert_file ({path})", problem)
