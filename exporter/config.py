@@ -6,7 +6,6 @@ names the field, where it came from, and what is expected.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import types
@@ -18,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from exporter import profiles
+from exporter import profiles, userinput
 from exporter.contract import strict, wire
 
 DEFAULT_PORT = wire.EXPORTER_PORT
@@ -45,9 +44,15 @@ class _Strict(strict.Strict):
     model_config = ConfigDict(frozen=True)
 
 
+# The shortest interval a collector runs at, as `launcher exporters deploy --interval` and the health
+# checks take it: 1e-9 s kept a core and more busy collecting (issue 41; docs/security.md).
+MIN_INTERVAL_SECONDS = 0.5
+
+
 class CollectorSettings(_Strict):
     enabled: bool | None = Field(None, description="Run this collector; unset means its default.")
-    interval_seconds: float | None = Field(None, gt=0, le=3600, description="Seconds between runs.")
+    interval_seconds: float | None = Field(None, ge=MIN_INTERVAL_SECONDS, le=3600,
+                                           description=f"Seconds between runs ({MIN_INTERVAL_SECONDS:g} to 3600).")
     deadline_seconds: float | None = Field(None, gt=0, le=3600,
                                            description="A run taking longer counts as a timeout.")
 
@@ -121,7 +126,7 @@ class OtlpSettings(_Strict):
     endpoint: str | None = Field(None, pattern=r"^https?://", description=(
         "OTLP/HTTP base URL (http://collector:4318; /v1/metrics is added) to push every metric to; "
         "unset: the standard OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT variables decide, none means no push."))
-    interval_seconds: float = Field(15.0, gt=0, le=3600, description="Seconds between OTLP pushes.")
+    interval_seconds: float = Field(15.0, ge=1, le=3600, description="Seconds between OTLP pushes (1 to 3600).")
     timeout_seconds: float = Field(10.0, gt=0, le=300, description="An OTLP push taking longer is dropped.")
     headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers (e.g. an API key) "
                                     "for the OTLP endpoint; OTEL_EXPORTER_OTLP_HEADERS works too.")
@@ -396,24 +401,13 @@ class YamlFileError(ConfigError):
 
 def read_yaml_file(path: Path, what: str, holds: str = "settings") -> dict[str, Any]:
     """The mapping in a user's YAML file (JSON is YAML too); an empty file is an empty mapping. Every
-    user file goes through here (exporter and web configs, job specs, runtime envs): an unreadable
-    file, one not UTF-8, not YAML, nested too deeply or not a mapping (of `holds`) is a YamlFileError
-    naming `what` and the file."""
-    import yaml  # only when there is a file: `exporter serve` without one does without PyYAML (0.8 MB)
-
+    user file goes through here (exporter and web configs, job specs, pod templates, runtime envs): one
+    that is not a readable regular file within exporter/userinput.py's bounds (size, aliases, nesting),
+    not UTF-8, not YAML or not a mapping (of `holds`) is a YamlFileError naming `what` and the file."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise YamlFileError(what, path, f"cannot read: {reason}", unreadable=reason) from None
-    except UnicodeDecodeError as exc:
-        raise YamlFileError(what, path, f"not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise YamlFileError(what, path, f"not valid YAML: {exc}") from None
-    except RecursionError:
-        raise YamlFileError(what, path, "nested too deeply to be a configuration") from None
+        data = userinput.load_yaml(userinput.read_text(path))
+    except userinput.InputError as exc:
+        raise YamlFileError(what, path, exc.problem, unreadable=exc.unreadable) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -503,13 +497,12 @@ def _environment_values(environ: Mapping[str, str]) -> dict[str, Any]:
         takes_json = _takes_json(_annotation_at(path))
         if takes_json:
             try:
-                value = json.loads(value)
-            except ValueError as exc:
+                value = userinput.load_json(value)
+            except userinput.InputError as exc:
                 if takes_json == "must":
                     raise ConfigError(
-                        f"invalid configuration in the environment: {name} ({'.'.join(path)}) is not valid JSON "
-                        f"({exc}); lists and mappings are JSON, e.g. {ENV_PREFIX}NODE__CHECKPOINT_PATHS="
-                        "'[\"/ckpt\"]'") from None
+                        f"invalid configuration in the environment: {name} ({'.'.join(path)}) is {exc.problem}; "
+                        f"lists and mappings are JSON, e.g. {ENV_PREFIX}NODE__CHECKPOINT_PATHS='[\"/ckpt\"]'") from None
         found.append((path, value))
     values: dict[str, Any] = {}
     for path, value in sorted(found, key=lambda item: len(item[0])):  # a whole section first, then its fields

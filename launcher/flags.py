@@ -9,7 +9,6 @@ is a word. A flag is dropped only when it was not given: `--max-retries 0` is 0.
 
 from __future__ import annotations
 
-import json
 import shlex
 import typing
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any, Literal
 import click
 from pydantic import BaseModel
 
+from exporter import userinput
 from launcher import runtime_env
 from launcher.backends import kinds
 from launcher.health.policy import HealthPolicy
@@ -176,9 +176,9 @@ def _json_object(flag: str, text: str) -> dict[str, Any]:
     """A JSON-object flag's value; the error names the flag and never repeats the text (--headers may
     hold a credential)."""
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise SpecError(f"{flag}: not valid JSON ({exc}); give an object like '{{\"key\": \"value\"}}'") from None
+        value = userinput.load_json(text)
+    except userinput.InputError as exc:
+        raise SpecError(f"{flag}: {exc.problem}; give an object like '{{\"key\": \"value\"}}'") from None
     if not isinstance(value, dict):
         raise SpecError(f"{flag}: give a JSON object like '{{\"key\": \"value\"}}', not a {type(value).__name__}")
     return value

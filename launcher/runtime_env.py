@@ -11,7 +11,6 @@ see this machine) is checked by that backend, still before anything starts.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,6 +25,7 @@ from pydantic import (
     model_serializer,
 )
 
+from exporter import userinput
 from exporter.config import YamlFileError, read_yaml_file
 from exporter.contract.strict import Strict
 from launcher.errors import BadInput
@@ -67,9 +67,9 @@ def read_requirements(path: str) -> list[str]:
     """The requirements in a requirements.txt, read on this machine as Ray's client does (comments and
     blank lines left out)."""
     try:
-        lines = Path(path).expanduser().read_text().splitlines()
-    except OSError as exc:
-        raise ValueError(f"cannot read the requirements file {path}: {exc.strerror or exc}") from None
+        lines = userinput.read_text(Path(path).expanduser()).splitlines()
+    except userinput.InputError as exc:
+        raise ValueError(f"cannot read the requirements file {path}: {exc.unreadable or exc.problem}") from None
     return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
@@ -231,9 +231,9 @@ def from_file(path: Path) -> dict[str, Any]:
 def from_json(text: str) -> dict[str, Any]:
     """`--runtime-env-json JSON`: a Ray runtime env inline."""
     try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise BadInput(f"--runtime-env-json: not valid JSON ({exc}); e.g. '{{\"pip\": [\"numpy\"]}}'") from None
+        data = userinput.load_json(text)
+    except userinput.InputError as exc:
+        raise BadInput(f"--runtime-env-json: {exc.problem}; e.g. '{{\"pip\": [\"numpy\"]}}'") from None
     return _mapping(data, "--runtime-env-json")
 
 

@@ -114,7 +114,9 @@ def _dns_label(value: str, limit: int) -> str:
 
 
 class _Strict(Strict):
-    model_config = ConfigDict(validate_assignment=True)
+    # Every number of a spec is finite, from a flag or a file: `inf` CPUs raised OverflowError in the
+    # renderers and 1e309 GPUs rendered `.inf` into the KubeRay manifest (issue 41).
+    model_config = ConfigDict(validate_assignment=True, allow_inf_nan=False)
 
 
 class HeadSpec(_Strict):

@@ -77,7 +77,11 @@ def test_a_bad_environment_variable_names_the_field(environ, expected):
      "equal to 1 (from environment (RAYPULSE_EXPORTER_*))"),
     ({"collectors": {"gpus": {"enabled": True}}}, {}, "collectors: unknown collector(s) gpus; known: cpu"),
     ({"collectors": {"cpu": {"interval_seconds": -1}}}, {}, "collectors.cpu.interval_seconds: Input should be "
-     "greater than 0 (from command-line flag)"),
+     "greater than or equal to 0.5 (from command-line flag)"),
+    ({}, {"RAYPULSE_EXPORTER_COLLECTORS__CPU__INTERVAL_SECONDS": "1e-9"}, "collectors.cpu.interval_seconds: Input "
+     "should be greater than or equal to 0.5 (from environment (RAYPULSE_EXPORTER_*))"),  # a core and more, busy
+    ({}, {"RAYPULSE_EXPORTER_OTLP__INTERVAL_SECONDS": "0.001"}, "otlp.interval_seconds: Input should be greater "
+     "than or equal to 1"),
     ({"node": {"disk_exclude_devices": "(["}}, {}, "node.disk_exclude_devices: not a valid regular expression"),
     ({"nodes": {}}, {}, "nodes: unknown setting"),
     ({}, {"RAYPULSE_EXPORTER_NODE__CHECKPOINT_PATHS": "/not/json"}, "lists and mappings are JSON"),

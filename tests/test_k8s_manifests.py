@@ -331,7 +331,9 @@ def test_the_exporter_run_as_the_daemonset_runs_it_reports_the_hosts_node_series
         def served() -> bool:
             assert server.poll() is None, server.stderr.read() if server.stderr else "exited"
             status, _, body = http_get(f"http://127.0.0.1:{port}{wire.METRICS_PATH}")
-            return status == 200 and b"raypulse_node_memory_total_bytes " in body and b"raypulse_node_info{" in body
+            return status == 200 and all(family in body for family in (  # each collector asserted on below has run
+                b"raypulse_node_memory_total_bytes ", b"raypulse_node_info{",
+                b"raypulse_node_network_receive_bytes_total{", b"raypulse_node_filesystem_size_bytes{"))
         wait_until(served, 60, "the exporter's node series")
         text = http_get(f"http://127.0.0.1:{port}{wire.METRICS_PATH}")[2].decode()
     finally:
@@ -462,6 +464,14 @@ def test_the_command_takes_every_knob(tmp_path, validators):
                                      env={"RAYPULSE_HOME": str(tmp_path / "home")})
         assert refused.exit_code == 2, (bad, refused.output)
         assert message in refused.output, (bad, refused.output)
+
+
+def test_a_scrape_job_that_would_change_the_rules_promql_is_refused(tmp_path):
+    refused = CliRunner().invoke(launcher_main, ["exporters", "manifests", "--scrape-job", 'j"} or vector(1) #'],
+                                 env={"RAYPULSE_HOME": str(tmp_path / "home")})
+    assert refused.exit_code == 2, refused.output
+    assert refused.stdout == ""  # no rule, nothing half-written
+    assert "scrape job 'j\"} or vector(1) #' is not a plain job name" in refused.stderr
 
 
 def test_the_command_line_adds_our_watchdog_only_when_asked():

@@ -83,6 +83,14 @@ def test_bad_contracts_are_refused_with_the_rule():
         LabelContract(node="cluster")
     with pytest.raises(ValueError, match="already have"):
         LabelContract(node="instance")
+    with pytest.raises(ValueError, match="not a Prometheus label name"):
+        LabelContract(cluster="abc\n")  # a trailing newline is not part of a name
+
+
+@pytest.mark.parametrize("job", ['j"} or vector(1) #', "", "job\n", "a b", "j{x}", "x" * 129])
+def test_a_scrape_job_that_is_not_a_plain_name_never_reaches_the_rules(job):
+    with pytest.raises(ValueError, match="is not a plain job name"):
+        LabelContract(scrape_job=job)
 
 
 # --- rules, dashboards and manifests read it --------------------------------------------------------

@@ -266,6 +266,31 @@ def test_broken_spec_file_exit_2_names_the_field(tmp_path: Path):
     assert_nothing_started(tmp_path, result)
 
 
+@pytest.mark.parametrize(("flags", "field"), [
+    (["--head-cpus", "inf"], "head.cpus"),  # OverflowError tracebacks before
+    (["--worker-cpus", "1e309"], "worker_groups[0].cpus"),
+    (["--entrypoint-num-gpus", "1e309"], "entrypoint_num_gpus"),  # rendered `.inf` into the RayJob before
+    (["--head-resource", "x=nan"], "head.resources.x"),
+    (["--hang-after", "inf"], "health.hang_after_seconds"),
+])
+@pytest.mark.parametrize("command", ["submit", "render"])
+def test_a_number_that_is_not_finite_exit_2_names_the_field(tmp_path: Path, command, flags, field):
+    result = launcher(command, *flags, "--", "python", "train.py", home=tmp_path)
+    assert "Traceback" not in result.stderr
+    assert f"job spec: {field}: Input should be a finite number" in result.stderr
+    assert result.stdout == ""
+    assert_nothing_started(tmp_path, result)
+
+
+def test_a_spec_file_with_yaml_infinity_exit_2_names_the_field(tmp_path: Path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("entrypoint: python train.py\nhead: {cpus: .inf}\nretry_backoff_seconds: .nan\n")
+    result = launcher("render", "-f", str(spec), home=tmp_path)
+    assert f"{spec}: head.cpus: Input should be a finite number" in result.stderr
+    assert f"{spec}: retry_backoff_seconds: Input should be a finite number" in result.stderr
+    assert_nothing_started(tmp_path, result)
+
+
 def test_not_yaml_exit_2(tmp_path: Path):
     spec = tmp_path / "job.yaml"
     spec.write_text("name: [unclosed\n")

@@ -8,6 +8,8 @@ functions): what may depend on what.
 - a collector imports neither the server nor another collector: what collectors share goes
   through exporter/framework/shared.py;
 - exporter/config.py is a leaf: no collector, no simulator;
+- exporter/userinput.py, the reader of every file and YAML/JSON value a user gives, imports only the
+  standard library and PyYAML: the configuration, the simulator and the launcher all import it;
 - the collectors read what NVML they are given: the simulator is chosen by exporter/plugins.py;
 - alerts/ and dashboards/ never import the launcher, nor each other;
 - the deploy agent, which runs on the nodes, imports only the standard library, Ray and the wire
@@ -36,6 +38,7 @@ COLLECTORS = "exporter.collectors"
 COLLECTOR_PROTOCOL = "exporter.framework.collector"  # what a collector is, and the registry
 SERVER = "exporter.serving.server"
 AGENT = "launcher.deploy.raypulse_agent"
+USERINPUT = "exporter.userinput"  # every module may import it, so it imports none of ours
 CONTRACT = "exporter.contract"  # its __init__ imports nothing: `from exporter.contract import wire` loads wire only
 WIRE = "exporter.contract.wire"
 # Run in the training processes: the client's Ray Train helper and the RLlib callback may import ray.
@@ -131,6 +134,8 @@ def violations(modules: dict[str, Path]) -> list[str]:
             if name == "exporter.config" and (within(target, COLLECTORS) or within(target, COLLECTOR_PROTOCOL)
                                               or within(target, "exporter.gpusim")):
                 found.append(f"{where}: exporter/config.py is a leaf (no collector, no simulator)")
+            if name == USERINPUT and top not in stdlib and top != "yaml":
+                found.append(f"{where}: exporter/userinput.py imports only the standard library and PyYAML")
             area = collector_area(name)
             if area is not None:
                 if within(target, SERVER):
@@ -162,6 +167,7 @@ def test_the_product_keeps_its_layers():
     ("exporter.collectors.ray.bad", "from exporter.serving import server\n", "never imports the server"),
     ("exporter.config", "from exporter.gpusim.models import model\n", "is a leaf"),
     ("exporter.config", "from exporter.framework.collector import REGISTRY\n", "is a leaf"),
+    ("exporter.userinput", "from exporter.config import ConfigError\n", "imports only the standard library"),
     ("exporter.collectors.gpu.bad", "from exporter.gpusim.nvml import SimulatedNvml\n", "never imports the simulator"),
     ("alerts.bad", "def f():\n    from launcher.spec import JobSpec\n", "never import the launcher"),
     ("launcher.bad", "from scripts import stack\n", "never imports the tests"),

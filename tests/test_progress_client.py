@@ -90,7 +90,7 @@ def test_nonsense_arguments_never_raise():
 @pytest.fixture
 def exporter_with_progress(start_exporter, tmp_path):
     def start(listen: str):
-        env = {"RAYPULSE_EXPORTER_COLLECTORS__TRAIN__INTERVAL_SECONDS": "0.2",
+        env = {"RAYPULSE_EXPORTER_COLLECTORS__TRAIN__INTERVAL_SECONDS": "0.5",
                "RAYPULSE_EXPORTER_RAY__DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"}
         return start_exporter("--progress-listen", listen, env=env)
     return start

@@ -23,12 +23,12 @@ FAMILIES_PER_RANK = 15  # raypulse_train_* series one rank can have at most (non
 
 def start_progress_exporter(log_dir, **env: str):
     """An exporter (no Ray here) whose progress endpoint is at `.progress_port`; the train collector
-    runs every 0.2 s. `env`: more RAYPULSE_EXPORTER_* settings."""
+    runs every 0.5 s (the shortest interval). `env`: more RAYPULSE_EXPORTER_* settings."""
     import os
 
     progress_port = free_port()
     running = start_exporter(log_dir, free_port(), "--progress-listen", f"127.0.0.1:{progress_port}", env={
-        **os.environ, "RAYPULSE_EXPORTER_COLLECTORS__TRAIN__INTERVAL_SECONDS": "0.2",
+        **os.environ, "RAYPULSE_EXPORTER_COLLECTORS__TRAIN__INTERVAL_SECONDS": "0.5",
         "RAYPULSE_EXPORTER_RAY__DASHBOARD_URL": f"http://127.0.0.1:{free_port()}", **env})
     running.progress_port = progress_port
     return running

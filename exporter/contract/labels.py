@@ -34,7 +34,9 @@ DEFAULT_RUNBOOK_BASE = "https://github.com/raypulse/raypulse/blob/main/docs/runb
 # Labels a contract may not take for the cluster or the node: Prometheus's own and those our series carry.
 RESERVED = frozenset({"job", "instance", "role", "ray_node_id", "gpu", "uuid", "job_id", "submission_id", "rank",
                       "alertname", "alertstate", "severity", "scope", "le", "quantile"})
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # fullmatch: `$` would let a trailing newline through
+# A scrape job is a plain name: it goes into the rules' PromQL as job="<it>", so no quote, brace or space.
+_SCRAPE_JOB = re.compile(r"[a-zA-Z0-9_][a-zA-Z0-9_.:-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -48,15 +50,16 @@ class LabelContract:
 
     def __post_init__(self) -> None:
         for what, value in (("cluster label", self.cluster), ("node label", self.node)):
-            if not _LABEL_NAME.match(value) or value.startswith("__"):
+            if not _LABEL_NAME.fullmatch(value) or value.startswith("__"):
                 raise ValueError(f"{what} {value!r} is not a Prometheus label name (letters, digits and '_', "
                                  "not starting with a digit or '__'); e.g. ray_io_cluster, not ray.io/cluster")
             if value in RESERVED:
                 raise ValueError(f"{what} {value!r} is a label raypulse's series already have; pick another name")
         if self.cluster == self.node:
             raise ValueError(f"the cluster and node labels must differ (both are {self.cluster!r})")
-        if not self.scrape_job:
-            raise ValueError("the scrape job must not be empty")
+        if not _SCRAPE_JOB.fullmatch(self.scrape_job):
+            raise ValueError(f"scrape job {self.scrape_job!r} is not a plain job name (at most 128 letters, digits, "
+                             "'_', '.', ':' and '-'; e.g. raypulse): the alert rules select job=\"<it>\"")
         if not self.runbook_base:
             raise ValueError("the runbook base URL must not be empty")
 

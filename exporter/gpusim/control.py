@@ -10,13 +10,11 @@ the document atomically, so a reader never sees half a write.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import logging
 import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +24,7 @@ from typing import Annotated, Literal
 import pynvml
 from pydantic import AfterValidator, Field, ValidationError, field_validator
 
+from exporter import userinput
 from exporter.contract import strict
 from exporter.contract.strict import Strict
 
@@ -161,11 +160,9 @@ MAX_BYTES = 4 * 1024 * 1024  # far more than any fault scenario writes
 
 def parse(text: str, source: str) -> Control:
     try:
-        data = json.loads(text) if text.strip() else {}
-    except json.JSONDecodeError as exc:
-        raise ControlError(f"{source}: not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ControlError(f"{source}: nested too deeply to be a control file") from None
+        data = userinput.load_json(text) if text.strip() else {}
+    except userinput.InputError as exc:
+        raise ControlError(f"{source}: {exc.problem}") from None
     return _validate(data, source)
 
 
@@ -188,26 +185,13 @@ def read(path: Path) -> Control:
     this user or root is one: a FIFO would block the open (and the exporter's start) until someone
     writes, a link or another user's file would let that user steer the simulator."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return Control()
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ControlError(f"{path}: a symbolic link; give the control file's own path") from None
-        raise ControlError(f"{path}: cannot read: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as file:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise ControlError(f"{path}: not a regular file; the control file is JSON written by `exporter "
-                               "gpu-fault`")
-        if status.st_uid not in (os.geteuid(), 0):
-            raise ControlError(f"{path}: owned by uid {status.st_uid}, not by this user ({os.geteuid()}) or root")
-        try:
-            raw = file.read(MAX_BYTES + 1)
-        except OSError as exc:
-            raise ControlError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_BYTES:
-        raise ControlError(f"{path}: larger than {MAX_BYTES} bytes; not a control file")
+        raw, status = userinput.read_file(path, MAX_BYTES, follow_links=False)
+    except userinput.InputError as exc:
+        if exc.missing:
+            return Control()
+        raise ControlError(f"{path}: {exc.problem}; the control file is JSON written by `exporter gpu-fault`") from None
+    if status.st_uid not in (os.geteuid(), 0):
+        raise ControlError(f"{path}: owned by uid {status.st_uid}, not by this user ({os.geteuid()}) or root")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

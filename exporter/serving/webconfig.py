@@ -40,6 +40,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from exporter import userinput
 from exporter.config import ConfigError, format_validation_error, read_yaml_file
 from exporter.contract.strict import Strict
 
@@ -340,6 +341,13 @@ def build_ssl_context(tls: TLSServerConfig) -> ssl.SSLContext:
             raise ConfigError(f"tls_server_config.cipher_suites: OpenSSL has none of them: {exc}") from None
     if not tls.prefer_server_cipher_suites:
         context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    for name in ("cert_file", "key_file", *(("client_ca_file",) if tls.client_auth_type != "NoClientCert" else ())):
+        path = getattr(tls, name)
+        try:  # OpenSSL would wait on a FIFO (at a reload: on the event loop) and read /dev/zero for ever
+            userinput.read_file(path)
+        except userinput.InputError as exc:
+            if not exc.missing:  # a missing file: OpenSSL's error below names the pair
+                raise ConfigError(f"tls_server_config.{name} ({path}): {exc.problem}") from None
     asked: list[bool] = []
 
     def no_passphrase() -> bytes:  # never prompt on the terminal for an encrypted key

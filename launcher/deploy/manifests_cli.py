@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
-from exporter import outputflag, profiles
+from exporter import outputflag, profiles, userinput
 from exporter.outputflag import format_option
 from launcher.deploy import manifests as k8s
 from launcher.exitcodes import ExitCode
@@ -48,9 +47,10 @@ def _affinity(text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        value = yaml.safe_load(Path(text[1:]).read_text() if text.startswith("@") else text)
-    except (OSError, yaml.YAMLError) as exc:
-        raise click.BadParameter(f"cannot read it: {exc}", param_hint="--affinity") from exc
+        value = userinput.load_yaml(userinput.read_text(Path(text[1:])) if text.startswith("@") else text)
+    except userinput.InputError as exc:
+        raise click.BadParameter(f"{text if text.startswith('@') else 'the mapping'}: {exc.problem}",
+                                 param_hint="--affinity") from None
     if not isinstance(value, dict):
         raise click.BadParameter("give a YAML or JSON mapping (the pod's `affinity`), or @FILE holding one",
                                  param_hint="--affinity")

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 import exporter
+from exporter import userinput
 from exporter.config import ConfigError, read_yaml_file
 from exporter.contract import wire
 from launcher.deploy import raypulse_agent
@@ -108,10 +109,10 @@ def web_config_bundle(path: Path) -> WebBundle:
             source = getattr(tls, name)
             if source is not None:
                 try:
-                    files[bundled] = Path(source).read_text(encoding="ascii")
-                except (OSError, UnicodeDecodeError) as exc:
+                    files[bundled] = userinput.read_text(Path(source), encoding="ascii")
+                except userinput.InputError as exc:
                     raise ConfigError(f"web config file {path}: tls_server_config.{name} ({source}): cannot read "
-                                      f"it as PEM text: {exc}") from None
+                                      f"it as PEM text: {exc.problem}") from None
                 section[name] = bundled  # relative: resolved against web-config.yml on the node
         data["tls_server_config"] = section
     files[WEB_CONFIG_FILE] = yaml.safe_dump(data, sort_keys=False)

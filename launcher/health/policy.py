@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from alerts.config import DEFAULT as ALERTS
 from exporter.contract import wire
@@ -34,6 +34,8 @@ MIN_CHECKS_PER_THRESHOLD = 3  # a threshold spans at least this many checks: one
 
 class HealthPolicy(Strict):
     """Watch the run and heal it; every field has a default that keeps a week-long run going."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # a threshold of inf or NaN seconds is a typo, not "never"
 
     enabled: bool = Field(True, description="watch the run's health (local, existing and KubeRay clusters)")
     check_interval_seconds: float = Field(10.0, ge=0.5, le=600,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporter import userinput
 from launcher.errors import BadInput, InfraError
 
 if TYPE_CHECKING:
@@ -66,12 +67,10 @@ def kubeconfig_paths() -> tuple[list[Path], str]:
 
 
 def _first_current_context(paths: list[Path]) -> str | None:
-    import yaml
-
     for path in paths:
         try:
-            current = (yaml.safe_load(path.read_text()) or {}).get("current-context")
-        except (OSError, yaml.YAMLError, AttributeError):
+            current = (userinput.load_yaml(userinput.read_text(path)) or {}).get("current-context")
+        except (userinput.InputError, AttributeError):
             continue  # the merger below reports an unreadable file
         if current:
             return str(current)
