@@ -13,13 +13,12 @@ too. Reading it is bounded: a regular file only (a FIFO would block), at most MA
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from exporter import userinput
 from exporter.contract import wire
 
 # ~25 bytes a node: 10,000 nodes are 250 KB; a file past this is not Ray's.
@@ -37,24 +36,11 @@ def read_targets(session_dirs: Iterable[Path]) -> list[str]:
     problems = []
     for session_dir in session_dirs:
         try:
-            return _targets(json.loads(_read(session_dir / wire.RAY_SD_FILE)))
-        except (OSError, UnreadableFile, ValueError, RecursionError) as exc:
+            body, _ = userinput.read_file(session_dir / wire.RAY_SD_FILE, limit=MAX_BYTES)
+            return _targets(json.loads(body))
+        except (UnreadableFile, ValueError, RecursionError) as exc:  # userinput.InputError is a ValueError
             problems.append(f"{session_dir / wire.RAY_SD_FILE}: {exc}")
     raise UnreadableFile("; ".join(problems) or "no Ray session directory")
-
-
-def _read(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnreadableFile("not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as file:
-            body = file.read(MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(body) > MAX_BYTES:
-        raise UnreadableFile(f"larger than {MAX_BYTES} bytes")
-    return body
 
 
 def _targets(document: object) -> list[str]:
