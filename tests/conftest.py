@@ -7,6 +7,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,14 @@ from tests.launcher_support import SharedCluster
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_CLUSTER = "shared_cluster"  # the fixture below
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session gets a HOME of its own, so no test reads the user's ~/.ray/auth_token (a `ray.init()`
+    run by hand writes one; every exporter a test starts would then ask for tokens, and get 401s)."""
+    home = Path(tempfile.mkdtemp(prefix="raypulse-test-home-"))
+    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
+    os.environ["HOME"] = str(home)
 
 
 def http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 5.0,
