@@ -29,6 +29,7 @@ from launcher.health.exporters import TargetSource
 from launcher.health.faults import Attempt, Fault, Progress
 from launcher.health.fleet import FleetReader
 from launcher.health.policy import FaultClass, HealthPolicy
+from launcher.health.promql import PromqlReader
 from launcher.health.remedy import NodeRemedy
 from launcher.health.threshold import Threshold
 from launcher.health.watcher import Watcher
@@ -71,7 +72,8 @@ class Healing:
     def __init__(self, policy: HealthPolicy, journal: Journal, targets: TargetSource,
                  remedy: NodeRemedy | None = None, dashboard: RayDashboard | None = None,
                  progress_url: str | None = None, local_processes: bool = False, blind_hint: str | None = None,
-                 no_remedy: str | None = None, fleet: FleetReader | None = None) -> None:
+                 no_remedy: str | None = None, fleet: FleetReader | None = None,
+                 promql: PromqlReader | None = None) -> None:
         self.policy = policy
         self.journal = journal
         self.record: RunRecord = journal.record  # type: ignore[assignment]
@@ -81,7 +83,8 @@ class Healing:
         self.local_processes = local_processes  # the job's processes run on this machine (a local cluster)
         self.blind_hint = blind_hint  # where to look when no exporter is found (the backend knows)
         self.no_remedy = no_remedy  # why a faulty node is left as it is, without a remedy (the backend knows)
-        self.watcher = Watcher(policy, targets, dead_nodes=remedy.dead_nodes if remedy else list, fleet=fleet)
+        self.watcher = Watcher(policy, targets, dead_nodes=remedy.dead_nodes if remedy else list, fleet=fleet,
+                               promql=promql)
         self.stopped_by: Fault | None = None  # the fault that stopped the current attempt
         self.pending: Pending | None = None
         self._resume_step: int | None = None  # what the attempt being submitted resumes from
