@@ -99,6 +99,7 @@ class Healing:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._slow_said = False
+        self._fallback_said = False  # the watcher reads another source than the Prometheus asked for, said once
         self._thresholds_said: dict[str | None, Threshold] = {}  # by phase (None: between reports)
 
     # --- an attempt's life ---------------------------------------------------------------------------
@@ -233,6 +234,16 @@ class Healing:
                 self.journal.emit("health.check_slow", attempt=attempt, seconds=round(seconds, 2),
                                   interval=interval, exporters=len(last.reads) if last else None)
 
+    def _note_source(self, attempt: int, source: str) -> None:
+        """With health.source: prometheus, a check that could not read it (and read what was there) is said once."""
+        promql = self.watcher.promql
+        if promql is None:
+            return
+        fell_back = source != "prometheus"
+        if fell_back and not self._fallback_said:
+            self.journal.emit("health.source_fallback", attempt=attempt, source=source, why=promql.why_not)
+        self._fallback_said = fell_back
+
     def _say_check_failed(self, error: str) -> None:
         attempt = self.watcher.attempt.number if self.watcher.attempt else None
         with contextlib.suppress(Exception):  # a journal that cannot take it either must not end the run
@@ -242,6 +253,7 @@ class Healing:
         result = self.watcher.check()
         attempt = self.watcher.attempt
         assert attempt is not None
+        self._note_source(attempt.number, result.source)
         if not result.reads and not self._blind_said:
             self._blind_said = True
             self.journal.emit("health.blind", attempt=attempt.number, hint=self.blind_hint)

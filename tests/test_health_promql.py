@@ -14,12 +14,16 @@ import pytest
 from alerts.prometheus import config, render
 from exporter.contract import digest, wire
 from launcher.api import as_spec
+from launcher.display import PlainReporter
 from launcher.errors import BadInput
+from launcher.healing import Healing
 from launcher.health.faults import Attempt
 from launcher.health.fleet import FleetReader
 from launcher.health.policy import FaultClass
 from launcher.health.promql import DOWN, RULES, PromqlReader
 from launcher.health.watcher import Watcher
+from launcher.journal import Journal
+from launcher.state import RunRecord
 from tests.fleet_support import Fleet
 from tests.test_health_fleet import POLICY, SID, alive, node_samples
 
@@ -120,3 +124,23 @@ def test_health_source_prometheus_needs_a_prometheus():
     spec = as_spec({"name": "x", "entrypoint": "python train.py", "prometheus": "http://prom:9090",
                     "health": {"source": "prometheus"}})
     assert spec.health.source == "prometheus"
+
+
+def test_while_prometheus_cannot_say_the_run_is_watched_from_the_heads_document_and_the_journal_says_so_once():
+    with Fleet(["workers-0"]) as fleet:
+        fleet.relist()
+        fleet.set("workers-0", node_samples(0, 10, time.time()))
+        record = RunRecord(run_id="promql-1", name="promql", backend="existing", max_attempts=2)
+        journal = Journal(PlainReporter(), record)
+        heal = Healing(POLICY, journal, lambda: [], fleet=FleetReader(lambda: fleet.head.url, lambda: None),
+                       promql=PromqlReader("http://127.0.0.1:1"))  # nothing listens on port 1
+        heal.watch(1, SID)
+        for _ in range(3):
+            while not heal.watcher.due():
+                time.sleep(0.05)
+            heal.check()
+            assert heal.watcher.last.source == "head"
+            assert [read.target.node for read in heal.watcher.last.reads] == ["workers-0"]
+    [said] = [event.details for event in record.events if event.kind == "health.source_fallback"]
+    assert said["source"] == "head"
+    assert said["why"].startswith("Prometheus http://127.0.0.1:1: ")
