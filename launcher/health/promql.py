@@ -8,11 +8,11 @@ short series per rank or GPU fault, never every node's exposition. The samples o
 `node` label and its target, `instance`) become its digest through the one reduction every path uses
 (`digest.build`), so a fault is the same fault however the node was read.
 
-Which nodes are the run's: the clusters (the label contract's cluster label) where the job's processes
-are (`raypulse_job_processes` of its submission id), so a Prometheus that scrapes many clusters gives
-this run's alone. A target of those clusters that Prometheus shows down (`up == 0`) is blind, an entry
-that says so, never a missing one; one that was never up in the last hour may be starting (the watcher's
-grace, launcher/health/watcher.py).
+Which nodes are the run's: the clusters (the label contract's cluster label) where the job's series are
+(its processes, progress reports or logs, by its submission id: SCOPE_FAMILIES), so a Prometheus that
+scrapes many clusters gives this run's alone. A target of those clusters that Prometheus shows down
+(`up == 0`) is blind, an entry that says so, never a missing one; one that was never up in the last hour
+may be starting (the watcher's grace, launcher/health/watcher.py).
 
 Prometheus is foreign input: every query goes through launcher/promql.py (deadline, size caps, strict
 parse). A check whose queries do not all answer gives no document (the watcher reads the head's, else
@@ -41,6 +41,9 @@ PARALLEL = 8  # queries in flight at once: Prometheus evaluates them, the launch
 INSTANCE = "instance"  # Prometheus's own label for a scrape target (host:port)
 DOWN = "down in Prometheus (up == 0)"
 EVER_UP_WINDOW = "1h"  # a target down now that was up within this window answered before (not starting)
+# The job's series that say which clusters are the run's: its processes, its ranks' reports, its driver's
+# log (the head's, as soon as the driver runs); one of them is there whatever the job reports.
+SCOPE_FAMILIES = ("raypulse_job_processes", *digest.PROGRESS_TIME, *digest.OUTPUT_TIME)
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,9 @@ class Queries:
         self.labels = labels
         job = f"{labels.selector},submission_id={quoted(submission_id)}"
         self._job = job
-        # The run's clusters: where the job's processes are (no cluster label anywhere: every target).
-        self.scope = f"group by ({labels.cluster}) (raypulse_job_processes{{{job}}} > 0)"
+        # The run's clusters: where the job's series are (no cluster label anywhere: every target).
+        named = "|".join(SCOPE_FAMILIES)
+        self.scope = f'group by ({labels.cluster}) ({{__name__=~"{named}",{job}}})'
         self.node = (labels.node, INSTANCE)
 
     def rule(self, rule: Rule) -> str:
@@ -146,7 +150,7 @@ class PromqlReader:
             return None
         if not listing:
             self.why_not = (f"Prometheus {self.prometheus.shown} has no target of submission {submission_id}'s "
-                            "clusters (no raypulse_job_processes of it yet)")
+                            "clusters (no series of the job yet)")
             return None  # asked again at the next check: the job's processes are being mapped
         self.why_not = None
         return self._reads(listing, answers, submission_id)
