@@ -42,9 +42,13 @@ class Check:
     progress: Progress | None = None
     reads: list[NodeRead] = field(default_factory=list)
     seconds: float = 0.0  # the check's wall time, from the targets' listing to its last finding
-    via_fleet: bool = False  # read from the head's fleet document
     source: str = "direct"  # where the reads came from: prometheus, head (its fleet document), direct (each exporter)
     threshold: Threshold | None = None  # the hang threshold in force at this check
+
+    @property
+    def via_fleet(self) -> bool:
+        """Read from the head's fleet document."""
+        return self.source == "head"
 
     @property
     def not_modified(self) -> int:
@@ -97,7 +101,8 @@ class Watcher:
         return self.attempt is not None and self._monotonic() >= self._next_check
 
     def check(self) -> Check:
-        """Read every exporter once (or the head's document of them all); what is new. Call when due()."""
+        """Read every node once (Prometheus's answers, the head's document of them all, or each exporter); what is
+        new. Call when due()."""
         assert self.attempt is not None
         began = time.monotonic()
         self._next_check = self._monotonic() + self.policy.check_interval_seconds
@@ -113,7 +118,7 @@ class Watcher:
             for url in [url for url in self._known if url not in listed]:  # nodes gone from /sd: forgotten
                 del self._known[url]
             reads = read_all(targets, self._known, self.read_timeout)
-        result = Check(via_fleet=source == "head", source=source, reads=reads)
+        result = Check(source=source, reads=reads)
         self._note_reachability(reads, result)
         self._baseline.take(reads, self._retired)
         now = self._clock()
