@@ -20,10 +20,11 @@ from launcher.healing import Healing
 from launcher.health.faults import Attempt
 from launcher.health.fleet import FleetReader
 from launcher.health.policy import FaultClass
-from launcher.health.promql import DOWN, RULES, PromqlReader
+from launcher.health.promql import DOWN, NOT_A_DIGEST, RULES, PromqlReader
 from launcher.health.watcher import Watcher
 from launcher.journal import Journal
 from launcher.state import RunRecord
+from tests.broken_exporters import ExporterLike
 from tests.fleet_support import Fleet
 from tests.test_health_fleet import POLICY, SID, alive, node_samples
 
@@ -144,3 +145,22 @@ def test_while_prometheus_cannot_say_the_run_is_watched_from_the_heads_document_
     [said] = [event.details for event in record.events if event.kind == "health.source_fallback"]
     assert said["source"] == "head"
     assert said["why"].startswith("Prometheus http://127.0.0.1:1: ")
+
+
+def test_a_node_whose_series_are_past_a_digests_bounds_is_an_entry_that_says_so_and_the_others_are_judged(
+        start_prometheus):
+    progress = f'raypulse_train_last_progress_time_seconds{{submission_id="{SID}",rank="0"}} {time.time()}\n'
+    hostile = f'raypulse_gpu_xid_last_timestamp_seconds{{gpu="{"x" * 300}",uuid="u",xid="79"}} {time.time()}\n'
+    with ExporterLike(progress) as fine, ExporterLike(hostile) as bad:
+        prometheus = start_prometheus(render(config(targets=[(fine.address, {"node": "fine"}),
+                                                             (bad.address, {"node": "bad"})],
+                                                    labels={"cluster": "c"}, scrape_interval="1s", rules=[])))
+        reader = PromqlReader(prometheus.url)
+        deadline = time.monotonic() + 30
+        while len(reads := reader.read(5.0, SID) or []) < 2 or not all(read.answered_before for read in reads
+                                                                        if not read.ok):
+            assert time.monotonic() < deadline, reads
+            time.sleep(0.3)
+    found = {read.target.node: read for read in reads}
+    assert found["bad"].error == NOT_A_DIGEST
+    assert found["fine"].digest.jobs[SID].ranks[0][1] is not None

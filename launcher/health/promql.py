@@ -27,6 +27,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from alerts.config import DEFAULT as ALERTS
 from exporter.contract import digest
 from exporter.contract.labels import LabelContract
@@ -40,6 +42,7 @@ MAX_INFLATED_BYTES = 128 * 2**20
 PARALLEL = 8  # queries in flight at once: Prometheus evaluates them, the launcher only waits
 INSTANCE = "instance"  # Prometheus's own label for a scrape target (host:port)
 DOWN = "down in Prometheus (up == 0)"
+NOT_A_DIGEST = "series in Prometheus past a digest's bounds"
 EVER_UP_WINDOW = "1h"  # a target down now that was up within this window answered before (not starting)
 # The job's series that say which clusters are the run's: its processes, its ranks' reports, its driver's
 # log (the head's, as soon as the driver runs); one of them is there whatever the job reports.
@@ -140,7 +143,7 @@ class PromqlReader:
         queries = self._queries[1]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="promql")
-        deadline = self._monotonic() + timeout
+        deadline = time.monotonic() + timeout
         asked = [queries.listing, *(queries.rule(rule) for rule in RULES)]
         try:
             listing, *answers = self._pool.map(lambda expr: self._query(expr, deadline), asked)
@@ -156,7 +159,7 @@ class PromqlReader:
         return self._reads(listing, answers, submission_id)
 
     def _query(self, expr: str, deadline: float) -> list[VectorSample]:
-        left = deadline - self._monotonic()
+        left = deadline - time.monotonic()
         if left <= 0:
             raise ReadError(f"Prometheus {self.prometheus.shown}: no whole answer within the check's deadline")
         return self.prometheus.query(expr, timeout=left)
@@ -179,8 +182,13 @@ class PromqlReader:
         for (node, instance), name in zip(keys, names, strict=True):
             target = Target(name, f"http://{instance}")
             up = state.get((node, instance), 2.0)
-            if up >= 2:
-                reads.append(NodeRead(target, digest=digest.build(samples.get((node, instance), ()))))
-            else:
+            if up < 2:
                 reads.append(NodeRead(target, error=DOWN if up >= 1 else digest.NOT_READ_YET, answered_before=up >= 1))
+                continue
+            try:
+                made = digest.build(samples.get((node, instance), ()))
+            except ValidationError:  # past a digest's bounds (a label too long, too many ranks): that node's alone
+                reads.append(NodeRead(target, error=NOT_A_DIGEST, answered_before=True))
+                continue
+            reads.append(NodeRead(target, digest=made))
         return reads
