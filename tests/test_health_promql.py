@@ -102,7 +102,7 @@ def test_a_prometheus_without_the_runs_series_gives_no_document_and_says_why(sta
     prometheus = start_prometheus(render(config(targets=[], rules=[])))
     reader = PromqlReader(prometheus.url)
     assert reader.read(5.0, SID) is None
-    assert f"no target of submission {SID}'s clusters" in (reader.why_not or "")
+    assert f"no series of submission {SID} yet" in (reader.why_not or "")
 
 
 def test_a_prometheus_that_does_not_answer_gives_no_document_and_is_asked_again_later():

@@ -22,6 +22,7 @@ each exporter) and Prometheus is asked again after fleet.RETRY_AFTER_S.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -94,30 +95,32 @@ def quoted(value: str) -> str:
 
 
 class Queries:
-    """The PromQL of one submission's check: the rules' expressions and the listing of its targets."""
+    """The PromQL of one submission's checks: which clusters are the run's (`scope`), then each rule's
+    expression and the listing of the targets, for those clusters."""
 
     def __init__(self, submission_id: str, labels: LabelContract = ALERTS.labels) -> None:
         self.labels = labels
-        job = f"{labels.selector},submission_id={quoted(submission_id)}"
-        self._job = job
-        # The run's clusters: where the job's series are (no cluster label anywhere: every target).
-        named = "|".join(SCOPE_FAMILIES)
-        self.scope = f'group by ({labels.cluster}) ({{__name__=~"{named}",{job}}})'
+        self._job = f"{labels.selector},submission_id={quoted(submission_id)}"
         self.node = (labels.node, INSTANCE)
+        named = "|".join(SCOPE_FAMILIES)
+        self.scope = f'group by ({labels.cluster}) ({{__name__=~"{named}",{self._job}}})'
 
-    def rule(self, rule: Rule) -> str:
-        if rule.job:
-            by = ", ".join((*self.node, *rule.by))
-            return f"{rule.aggregate} by ({by}) ({rule.family}{{{self._job}{rule.matchers}}}){rule.keep}"
-        by = ", ".join((self.labels.cluster, *self.node, *rule.by))
-        return (f"({rule.aggregate} by ({by}) ({rule.family}{{{self.labels.selector}{rule.matchers}}}){rule.keep}) "
-                f"and on ({self.labels.cluster}) {self.scope}")
+    def clusters(self, scope: list[VectorSample]) -> str:
+        """The matchers of the run's clusters, from the scope's answer (a cluster label absent: "")."""
+        names = sorted({item.metric.get(self.labels.cluster, "") for item in scope})
+        return f",{self.labels.cluster}=~{quoted('|'.join(re.escape(name) for name in names))}"
 
-    @property
-    def listing(self) -> str:
+    def rule(self, rule: Rule, clusters: str) -> str:
+        # The job's rules keep its submission id, which digest.build() groups by: every label an answer's
+        # sample carries is one the digest reads, passed on as it comes.
+        by = ", ".join((*self.node, *(("submission_id",) if rule.job else ()), *rule.by))
+        selector = self._job if rule.job else f"{self.labels.selector}{clusters}"
+        return f"{rule.aggregate} by ({by}) ({rule.family}{{{selector}{rule.matchers}}}){rule.keep}"
+
+    def listing(self, clusters: str) -> str:
         """Every target of the run's clusters: 2 up, 1 down now but up within the window, 0 never up."""
-        up = f"up{{{self.labels.selector}}}"
-        return f"({up} + max_over_time({up}[{EVER_UP_WINDOW}])) and on ({self.labels.cluster}) {self.scope}"
+        up = f"up{{{self.labels.selector}{clusters}}}"
+        return f"{up} + max_over_time({up}[{EVER_UP_WINDOW}])"
 
 
 class PromqlReader:
@@ -144,19 +147,21 @@ class PromqlReader:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="promql")
         deadline = time.monotonic() + timeout
-        asked = [queries.listing, *(queries.rule(rule) for rule in RULES)]
         try:
+            scope = self._query(queries.scope, deadline)
+            if not scope:
+                self.why_not = (f"Prometheus {self.prometheus.shown} has no series of submission {submission_id} "
+                                "yet")
+                return None  # asked again at the next check: the job is starting
+            clusters = queries.clusters(scope)
+            asked = [queries.listing(clusters), *(queries.rule(rule, clusters) for rule in RULES)]
             listing, *answers = self._pool.map(lambda expr: self._query(expr, deadline), asked)
         except ReadError as exc:  # PrometheusError among them
             self.why_not = str(exc)
             self._retry_at = self._monotonic() + RETRY_AFTER_S
             return None
-        if not listing:
-            self.why_not = (f"Prometheus {self.prometheus.shown} has no target of submission {submission_id}'s "
-                            "clusters (no series of the job yet)")
-            return None  # asked again at the next check: the job's processes are being mapped
         self.why_not = None
-        return self._reads(listing, answers, submission_id)
+        return self._reads(listing, answers)
 
     def _query(self, expr: str, deadline: float) -> list[VectorSample]:
         left = deadline - time.monotonic()
@@ -164,16 +169,13 @@ class PromqlReader:
             raise ReadError(f"Prometheus {self.prometheus.shown}: no whole answer within the check's deadline")
         return self.prometheus.query(expr, timeout=left)
 
-    def _reads(self, listing: list[VectorSample], answers: list[list[VectorSample]],
-               submission_id: str) -> list[NodeRead]:
+    def _reads(self, listing: list[VectorSample], answers: list[list[VectorSample]]) -> list[NodeRead]:
         node_label = self._labels.node
         samples: dict[tuple[str, str], list[tuple[str, dict[str, str], float]]] = {}
         for rule, answer in zip(RULES, answers, strict=True):
             for item in answer:
-                key = (item.metric.get(node_label, ""), item.metric.get(INSTANCE, ""))
-                labels = {name: item.metric[name] for name in rule.by if name in item.metric}
-                if rule.job:
-                    labels["submission_id"] = submission_id
+                labels = item.metric
+                key = (labels.get(node_label, ""), labels.get(INSTANCE, ""))
                 samples.setdefault(key, []).append((rule.family, labels, item.value[1]))
         state = {(item.metric.get(node_label, ""), item.metric.get(INSTANCE, "")): item.value[1] for item in listing}
         keys = [*state, *(key for key in samples if key not in state)]
