@@ -152,7 +152,8 @@ def measure(head: str | None, sd: str, control: str, began: float, checks: int, 
         check = watcher.check()
         row = {"check": number, "wall": round(time.monotonic() - wall, 3), "cpu": round(time.process_time() - cpu, 3),
                "listed": len(check.reads), "judged": sum(1 for read in check.reads if read.ok),
-               "source": check.source, "faults": [fault.summary for fault in check.faults],
+               "source": check.source, "why_not": watcher.promql.why_not if watcher.promql else None,
+               "faults": [fault.summary for fault in check.faults],
                "errors": sorted({read.error for read in check.reads if read.error})[:3]}
         rows.append(row)
         for fault in check.faults:
@@ -169,6 +170,7 @@ def measure(head: str | None, sd: str, control: str, began: float, checks: int, 
             "cpu_max": max(row["cpu"] for row in training), "wall_p50": statistics.median(r["wall"] for r in training),
             "wall_max": max(row["wall"] for row in training),
             "judged_min": min(row["judged"] for row in training), "listed": rows[-1]["listed"],
+            "sources": sorted({row["source"] for row in rows}),
             "fault_seen_after_s": seen_fault, "hang_after_stop_s": hang_at,
             "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 

@@ -16,7 +16,9 @@ may be starting (the watcher's grace, launcher/health/watcher.py).
 
 Prometheus is foreign input: every query goes through launcher/promql.py (deadline, size caps, strict
 parse). A check whose queries do not all answer gives no document (the watcher reads the head's, else
-each exporter) and Prometheus is asked again after fleet.RETRY_AFTER_S.
+each exporter) and Prometheus is asked again at the next check: unlike an older head, which will not
+start serving a document, a store that was slow once (a compaction, a restart) is usually not slow at
+the next check, and reading every exporter meanwhile is what a large fleet cannot afford.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ from alerts.config import DEFAULT as ALERTS
 from exporter.contract import digest
 from exporter.contract.labels import LabelContract
 from launcher.health.exporters import NodeRead, ReadError, Target
-from launcher.health.fleet import RETRY_AFTER_S, names_apart
+from launcher.health.fleet import names_apart
 from launcher.promql import Prometheus, VectorSample
 
 # An answer of every rank of a 10,000-node run (8 ranks a node) is ~8 MB of JSON; gzip makes it ~1.
@@ -126,21 +127,16 @@ class Queries:
 class PromqlReader:
     """The run's nodes as Prometheus has them, read once per check; None from read() when it cannot say."""
 
-    def __init__(self, url: str, labels: LabelContract = ALERTS.labels,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, url: str, labels: LabelContract = ALERTS.labels) -> None:
         self.prometheus = Prometheus(url, max_wire_bytes=MAX_WIRE_BYTES, max_inflated_bytes=MAX_INFLATED_BYTES)
         self._labels = labels
-        self._monotonic = monotonic
         self._queries: tuple[str, Queries] | None = None  # by the submission they ask for
         self._pool: ThreadPoolExecutor | None = None
-        self._retry_at = 0.0
         self.why_not: str | None = None  # why the last check read no document
 
     def read(self, timeout: float, submission_id: str) -> list[NodeRead] | None:
         """Every target of the run's clusters with its digest, or why it has none; None: Prometheus could not
         say (the watcher reads the head's document, else each exporter)."""
-        if self._monotonic() < self._retry_at:
-            return None
         if self._queries is None or self._queries[0] != submission_id:
             self._queries = (submission_id, Queries(submission_id, self._labels))
         queries = self._queries[1]
@@ -157,8 +153,7 @@ class PromqlReader:
             asked = [queries.listing(clusters), *(queries.rule(rule, clusters) for rule in RULES)]
             listing, *answers = self._pool.map(lambda expr: self._query(expr, deadline), asked)
         except ReadError as exc:  # PrometheusError among them
-            self.why_not = str(exc)
-            self._retry_at = self._monotonic() + RETRY_AFTER_S
+            self.why_not = f"{exc} (the check's queries share one {timeout:g}s deadline)"
             return None
         self.why_not = None
         return self._reads(listing, answers)
@@ -166,7 +161,7 @@ class PromqlReader:
     def _query(self, expr: str, deadline: float) -> list[VectorSample]:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise ReadError(f"Prometheus {self.prometheus.shown}: no whole answer within the check's deadline")
+            raise ReadError(f"Prometheus {self.prometheus.shown}: no time left")
         return self.prometheus.query(expr, timeout=left)
 
     def _reads(self, listing: list[VectorSample], answers: list[list[VectorSample]]) -> list[NodeRead]:
