@@ -107,7 +107,10 @@ class Watcher:
         began = time.monotonic()
         self._next_check = self._monotonic() + self.policy.check_interval_seconds
         source = "prometheus"
-        reads = self.promql.read(self.read_timeout, self.attempt.submission_id) if self.promql else None
+        # A store's answers at fleet size take longer than an exporter's, and reading the nodes instead is
+        # what a fleet that size cannot afford: Prometheus gets half the interval, at least the read deadline.
+        promql_timeout = max(self.read_timeout, self.policy.check_interval_seconds / 2)
+        reads = self.promql.read(promql_timeout, self.attempt.submission_id) if self.promql else None
         if reads is None:
             source = "head"
             reads = self.fleet.read(self.read_timeout, self.policy.check_interval_seconds) if self.fleet else None
