@@ -13,7 +13,12 @@ Three processes besides this one, each measured on its own:
   advances a step a second; one node gets an XID 79 before the third check; then every rank stops and
   the checks go on until the hang is judged (threshold 30 s: three checks, the least the policy allows).
 
-    python -m bench.fleet_watch [--sizes 2000,10000] [--checks 6] [--no-direct]
+With `--prometheus`, the same watcher reads its signals from a real Prometheus instead
+(`health.source: prometheus`, launcher/health/promql.py): the binary scrapes every node the fleet's /sd
+lists (only the digest's families, `name[]`, every PROMETHEUS_SCRAPE), and the launcher asks it one query
+per rule; Prometheus's own CPU is measured beside the launcher's.
+
+    python -m bench.fleet_watch [--sizes 2000,10000] [--checks 6] [--no-direct] [--no-head] [--prometheus]
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 FAULT_BEFORE_CHECK = 3
 FLOOR_S = 15.0
 HANG_AFTER_S = 30.0  # three checks of 10 s: the least HealthPolicy allows (MIN_CHECKS_PER_THRESHOLD)
+PROMETHEUS_SCRAPE = "10s"  # the check interval: a fault is in Prometheus within one check
 
 
 # --- the head ---------------------------------------------------------------------------------------------
@@ -104,17 +112,19 @@ class Pinger:
 
 
 def measure(head: str | None, sd: str, control: str, began: float, checks: int, fault_node: int,
-            hang: bool, progress_at: float) -> dict[str, Any]:
-    """The production watcher, its defaults; `head` None: it reads every exporter itself (the peer)."""
+            hang: bool, progress_at: float, prometheus: str | None = None) -> dict[str, Any]:
+    """The production watcher, its defaults; `head` None: it reads every exporter itself (the peer);
+    `prometheus`: it asks that Prometheus first (health.source: prometheus)."""
     from launcher.health.exporters import from_sd
     from launcher.health.faults import Attempt
     from launcher.health.fleet import FleetReader
     from launcher.health.policy import FaultClass, HealthPolicy
+    from launcher.health.promql import PromqlReader
     from launcher.health.watcher import Watcher
 
     policy = HealthPolicy(hang_after_seconds=HANG_AFTER_S)
     reader = FleetReader(lambda: head, lambda: None) if head else None
-    watcher = Watcher(policy, from_sd(sd), fleet=reader)
+    watcher = Watcher(policy, from_sd(sd), fleet=reader, promql=PromqlReader(prometheus) if prometheus else None)
     watcher.watch(Attempt(1, "scale-a1", started_at=began, running_at=began))
     ticking = threading.Event()
     ticking.set()
@@ -142,7 +152,8 @@ def measure(head: str | None, sd: str, control: str, began: float, checks: int, 
         check = watcher.check()
         row = {"check": number, "wall": round(time.monotonic() - wall, 3), "cpu": round(time.process_time() - cpu, 3),
                "listed": len(check.reads), "judged": sum(1 for read in check.reads if read.ok),
-               "via_fleet": check.via_fleet, "faults": [fault.summary for fault in check.faults],
+               "source": check.source, "why_not": watcher.promql.why_not if watcher.promql else None,
+               "faults": [fault.summary for fault in check.faults],
                "errors": sorted({read.error for read in check.reads if read.error})[:3]}
         rows.append(row)
         for fault in check.faults:
@@ -159,15 +170,17 @@ def measure(head: str | None, sd: str, control: str, began: float, checks: int, 
             "cpu_max": max(row["cpu"] for row in training), "wall_p50": statistics.median(r["wall"] for r in training),
             "wall_max": max(row["wall"] for row in training),
             "judged_min": min(row["judged"] for row in training), "listed": rows[-1]["listed"],
+            "sources": sorted({row["source"] for row in rows}),
             "fault_seen_after_s": seen_fault, "hang_after_stop_s": hang_at,
             "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
 def run_measure(head: str | None, fake: Any, began: float, checks: int, fault_node: int, hang: bool,
-                progress_at: float) -> dict[str, Any]:
+                progress_at: float, prometheus: str | None = None) -> dict[str, Any]:
     command = [sys.executable, "-m", "bench.fleet_watch", "measure", "--sd", fake.sd, "--control", fake.control,
                "--began", str(began), "--checks", str(checks), "--fault-node", str(fault_node),
-               "--progress-at", str(progress_at), *(["--head", head] if head else []), *(["--hang"] if hang else [])]
+               "--progress-at", str(progress_at), *(["--head", head] if head else []), *(["--hang"] if hang else []),
+               *(["--prometheus", prometheus] if prometheus else [])]
     result = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, text=True, timeout=3600)  # rows: stderr
     if result.returncode != 0:
         raise SystemExit("measure failed (its stderr is above)")
@@ -182,7 +195,34 @@ def _progress_time(healthy: Path) -> float:
     raise SystemExit("the captured body has no progress time")
 
 
-def bench(sizes: list[int], checks: int, direct: bool) -> None:
+@contextmanager
+def scraping(sd: str, nodes: int, directory: Path) -> Iterator[tuple[str, int]]:
+    """A real Prometheus that scrapes the digest's families of every node /sd lists; its URL and pid once it
+    has every node up."""
+    from alerts.prometheus import config, render
+    from exporter.contract import digest
+    from launcher.promql import Prometheus
+    from scripts.ports import free_port
+
+    document = config(sd_url=sd, scrape_interval=PROMETHEUS_SCRAPE, rules=[], ray_metrics=False)
+    document["scrape_configs"][0]["params"] = {"name[]": list(digest.FAMILIES)}
+    (directory / "prometheus.yml").write_text(render(document))
+    port = free_port()
+    process = subprocess.Popen(["prometheus", f"--config.file={directory / 'prometheus.yml'}",
+                                f"--storage.tsdb.path={directory / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+                                "--log.level=warn"], stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client = Prometheus(url)
+        _wait(lambda: sum(sample.value[1] for sample in client.query("count(up == 1)")) >= nodes, 300,
+              "Prometheus to scrape every node")
+        yield url, process.pid
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def bench(sizes: list[int], checks: int, direct: bool, head_path: bool = True, prometheus: bool = False) -> None:
     from scripts.ports import free_port
 
     rows = []
@@ -192,6 +232,19 @@ def bench(sizes: list[int], checks: int, direct: bool) -> None:
         progress_at = _progress_time(healthy)
         for nodes in sizes:
             fault_node = nodes // 2
+            if prometheus:
+                with fleet(nodes, healthy, faulty, []) as fake, \
+                        tempfile.TemporaryDirectory(prefix="raypulse-prom-") as stored:
+                    _wait(lambda: len(json.loads(_get(fake.sd, 60))) == nodes, 120, "the fleet's /sd")  # noqa: B023
+                    print(f"fleet_watch: {nodes} nodes through Prometheus ...", file=sys.stderr, flush=True)
+                    with scraping(fake.sd, nodes, Path(stored)) as (url, pid):
+                        cpu, wall = _cpu_seconds(pid), time.monotonic()
+                        result = run_measure(None, fake, began, checks, fault_node, True, progress_at, url)
+                        result["prometheus_cpu_share"] = round((_cpu_seconds(pid) - cpu) / (time.monotonic() - wall),
+                                                               3)
+                    rows.append((nodes, f"Prometheus (scrape every {PROMETHEUS_SCRAPE})", result))
+            if not head_path:
+                continue
             with fleet(nodes, healthy, faulty, []) as fake:
                 _wait(lambda: len(json.loads(_get(fake.sd, 60))) == nodes, 120, "the fleet's /sd")  # noqa: B023
                 head = subprocess.Popen([sys.executable, "-m", "bench.fleet_watch", "head", "--sd", fake.sd,
@@ -234,10 +287,12 @@ def print_table(rows: list[tuple[int, str, dict[str, Any]]]) -> None:
           "(p50 / max), the launcher's peak RSS; the head's CPU as a share of one core and its /healthz latency "
           "while the launcher checks (floor: the same head's p99 before anyone asked, this machine's noise).\n")
     print("| nodes | read | launcher CPU-s / check | check wall s | nodes judged (min) / listed | XID seen after | "
-          "hang judged after the stop | launcher RSS MB | head CPU | head /healthz p50 / p99 ms (floor p99) |")
+          "hang judged after the stop | launcher RSS MB | head (or Prometheus) CPU | head /healthz p50 / p99 ms "
+          "(floor p99) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for nodes, name, result in rows:
-        head = f"{result['head_cpu_share']:.0%}" if "head_cpu_share" in result else "-"
+        head = f"{result['head_cpu_share']:.0%}" if "head_cpu_share" in result else \
+            f"({result['prometheus_cpu_share']:.0%})" if "prometheus_cpu_share" in result else "-"
         healthz = f"{result['healthz_p50_ms']} / {result['healthz_p99_ms']} ({result['floor_p99_ms']})" \
             if "healthz_p99_ms" in result else "-"
         seen = f"{result['fault_seen_after_s']} s" if result["fault_seen_after_s"] is not None else "never"
@@ -263,17 +318,21 @@ def main() -> None:
     run.add_argument("--fault-node", type=int, required=True)
     run.add_argument("--progress-at", type=float, required=True)
     run.add_argument("--hang", action="store_true")
+    run.add_argument("--prometheus")
     parser.add_argument("--sizes", default="2000,10000")
     parser.add_argument("--checks", type=int, default=6)
     parser.add_argument("--no-direct", action="store_true")
+    parser.add_argument("--no-head", action="store_true")
+    parser.add_argument("--prometheus", action="store_true", help="also through a real Prometheus (the binary)")
     args = parser.parse_args()
     if args.command == "head":
         serve_head(args.sd, args.port)
     elif args.command == "measure":
         print(json.dumps(measure(args.head, args.sd, args.control, args.began, args.checks, args.fault_node,
-                                 args.hang, args.progress_at)))
+                                 args.hang, args.progress_at, args.prometheus)))
     else:
-        bench([int(size) for size in args.sizes.split(",")], args.checks, not args.no_direct)
+        bench([int(size) for size in args.sizes.split(",")], args.checks, not args.no_direct, not args.no_head,
+              args.prometheus)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from launcher.exitcodes import FINAL_STATES, ExitCode
 from launcher.healing import Healing
 from launcher.health import stacks
 from launcher.health.fleet import FleetReader
+from launcher.health.promql import PromqlReader
 from launcher.jobs import TERMINAL, JobsClient
 from launcher.journal import Journal
 from launcher.run import Run, job_view, seen_of, update_attempt
@@ -90,9 +91,12 @@ def _healing(spec: JobSpec, journal: Journal, placement: Placement) -> Healing |
     if not spec.health.enabled:
         return None
     exporters = placement.exporters
-    fleet = FleetReader(exporters.head_url, lambda: exporters.access)
+    source = spec.health.source  # spec.py: prometheus only with a Prometheus to read
+    fleet = FleetReader(exporters.head_url, lambda: exporters.access) if source != "direct" else None
+    promql = PromqlReader(spec.prometheus) if source == "prometheus" and spec.prometheus else None
     return Healing(spec.health, journal, exporters.targets, placement.remedy, placement.dashboard,
-                   progress_url=exporters.progress_url, local_processes=placement.local_processes, fleet=fleet)
+                   progress_url=exporters.progress_url, local_processes=placement.local_processes, fleet=fleet,
+                   promql=promql)
 
 
 def _recorder(spec: JobSpec, journal: Journal, placement: Placement) -> recording.Recorder | None:

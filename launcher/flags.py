@@ -89,6 +89,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "checkpoint_dir": "checkpoint_dir",
     "no_health": "health.enabled",
     "health_check_interval": "health.check_interval_seconds",
+    "health_source": "health.source",
     "hang_after": "health.hang_after_seconds",
     "fixed_hang": "health.adaptive_hang",
     "silence_after": "health.silence_after_seconds",
@@ -378,6 +379,10 @@ def spec_options(func: Callable) -> Callable:
         click.option("--no-health", is_flag=True, help="Do not watch the run's health (no hang or fault healing)."),
         click.option("--health-check-interval", type=float, metavar="SECONDS",
                      help=f"How often the watcher reads the exporters [{default('health_check_interval')}]."),
+        click.option("--health-source", type=choices("health_source"), help="Where the watcher reads every node's "
+                     "signals: auto (the head exporter's fleet document, else each exporter), direct (each "
+                     "exporter), prometheus (--prometheus, one query per rule: fleets past one head's reach) "
+                     f"[{default('health_source')}]."),
         click.option("--hang-after", type=float, metavar="SECONDS",
                      help=f"No progress from any rank for this long is a hang [{default('hang_after')}, as the "
                      "alert rule]; the most a threshold learned from the run's pace may be."),

@@ -29,6 +29,7 @@ from launcher.health.exporters import TargetSource
 from launcher.health.faults import Attempt, Fault, Progress
 from launcher.health.fleet import FleetReader
 from launcher.health.policy import FaultClass, HealthPolicy
+from launcher.health.promql import PromqlReader
 from launcher.health.remedy import NodeRemedy
 from launcher.health.threshold import Threshold
 from launcher.health.watcher import Watcher
@@ -71,7 +72,8 @@ class Healing:
     def __init__(self, policy: HealthPolicy, journal: Journal, targets: TargetSource,
                  remedy: NodeRemedy | None = None, dashboard: RayDashboard | None = None,
                  progress_url: str | None = None, local_processes: bool = False, blind_hint: str | None = None,
-                 no_remedy: str | None = None, fleet: FleetReader | None = None) -> None:
+                 no_remedy: str | None = None, fleet: FleetReader | None = None,
+                 promql: PromqlReader | None = None) -> None:
         self.policy = policy
         self.journal = journal
         self.record: RunRecord = journal.record  # type: ignore[assignment]
@@ -81,7 +83,8 @@ class Healing:
         self.local_processes = local_processes  # the job's processes run on this machine (a local cluster)
         self.blind_hint = blind_hint  # where to look when no exporter is found (the backend knows)
         self.no_remedy = no_remedy  # why a faulty node is left as it is, without a remedy (the backend knows)
-        self.watcher = Watcher(policy, targets, dead_nodes=remedy.dead_nodes if remedy else list, fleet=fleet)
+        self.watcher = Watcher(policy, targets, dead_nodes=remedy.dead_nodes if remedy else list, fleet=fleet,
+                               promql=promql)
         self.stopped_by: Fault | None = None  # the fault that stopped the current attempt
         self.pending: Pending | None = None
         self._resume_step: int | None = None  # what the attempt being submitted resumes from
@@ -96,6 +99,7 @@ class Healing:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._slow_said = False
+        self._fallback_said = False  # the watcher reads another source than the Prometheus asked for, said once
         self._thresholds_said: dict[str | None, Threshold] = {}  # by phase (None: between reports)
 
     # --- an attempt's life ---------------------------------------------------------------------------
@@ -230,6 +234,16 @@ class Healing:
                 self.journal.emit("health.check_slow", attempt=attempt, seconds=round(seconds, 2),
                                   interval=interval, exporters=len(last.reads) if last else None)
 
+    def _note_source(self, attempt: int, source: str) -> None:
+        """With health.source: prometheus, a check that could not read it (and read what was there) is said once."""
+        promql = self.watcher.promql
+        if promql is None:
+            return
+        fell_back = source != "prometheus"
+        if fell_back and not self._fallback_said:
+            self.journal.emit("health.source_fallback", attempt=attempt, source=source, why=promql.why_not)
+        self._fallback_said = fell_back
+
     def _say_check_failed(self, error: str) -> None:
         attempt = self.watcher.attempt.number if self.watcher.attempt else None
         with contextlib.suppress(Exception):  # a journal that cannot take it either must not end the run
@@ -239,6 +253,7 @@ class Healing:
         result = self.watcher.check()
         attempt = self.watcher.attempt
         assert attempt is not None
+        self._note_source(attempt.number, result.source)
         if not result.reads and not self._blind_said:
             self._blind_said = True
             self.journal.emit("health.blind", attempt=attempt.number, hint=self.blind_hint)

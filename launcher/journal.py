@@ -42,6 +42,9 @@ class Kind:
     step: str = ""
 
 
+_SOURCES = {"head": "the head exporter's fleet document", "direct": "each exporter"}
+
+
 def _attempt_of(d: Details) -> str:
     return f"attempt {d['attempt']}/{d['max_attempts']}"
 
@@ -116,6 +119,8 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("health.exporter_unreachable", level="warn", say=_unreachable),
     Kind("health.exporter_back", say=lambda d: f"{_exporters_of(d)} answer{'s' if d.get('count', 1) == 1 else ''} "
          "again"),
+    Kind("health.source_fallback", say=lambda d: f"the watcher reads {_SOURCES[d['source']]}: Prometheus cannot say "
+         f"({d['why']}); said once until it can again"),
     Kind("health.check_failed", level="warn", say=lambda d: f"a health check failed ({d['error']}); the next one "
          "runs as planned (said once until a check works again)"),
     Kind("health.check_slow", level="warn", say=lambda d: f"a health check took {d['seconds']:g}s, longer than "

@@ -484,6 +484,10 @@ class JobSpec(_Strict):
         if self.checkpoint_dir and "://" not in self.checkpoint_dir and not self.checkpoint_dir.startswith("/"):
             raise ValueError(f"checkpoint_dir: {self.checkpoint_dir!r} must be an absolute path every node can "
                              "reach, or a URI (s3://, gs://, ...)")
+        if self.health.source == "prometheus" and not self.prometheus:
+            raise ValueError("health.source: prometheus reads the run's signals from your Prometheus, and none is "
+                             "given; set prometheus (--prometheus URL, the Prometheus that scrapes this run) or "
+                             "choose auto or direct")
 
     @property
     def max_attempts(self) -> int:

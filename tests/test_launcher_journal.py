@@ -87,7 +87,8 @@ def test_every_kind_that_speaks_says_something_for_its_own_details():
                "steps_lost": 2, "seconds": 4.0, "reason": "GPU fault", "host_denied": "10.0.0.2",
                "cluster": "c", "address": "http://h", "killed": 0, "stopped": ["a"], "state": "SUCCEEDED",
                "result": "ok", "command": "submit", "failed": [], "dropped": 1, "example": "'m{a\\nb}'",
-               "rule": "steps", "basis": "10 x p99 report interval 0.21 s (25 seen), floor 60 s", "phase": None}
+               "rule": "steps", "basis": "10 x p99 report interval 0.21 s (25 seen), floor 60 s", "phase": None,
+               "source": "head"}
     for kind in KINDS.values():
         if kind.say is not None:
             assert isinstance(kind.say(samples), str), kind.name

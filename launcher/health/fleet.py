@@ -87,11 +87,17 @@ class FleetReader:
 
 
     def _name_apart(self) -> None:
-        """Nodes /sd lists under one name (Ray nodes on one host, named by its IP) get their exporter's
-        address beside it: a node's name is what its events and faults say, one node each."""
-        seen: dict[str, int] = {}
-        for entry, _ in self._entries.values():
-            seen[entry.node] = seen.get(entry.node, 0) + 1
-        for key, (entry, target) in self._entries.items():
-            if seen[entry.node] > 1 and target.node == entry.node:
-                self._entries[key] = (entry, Target(f"{entry.node} ({entry.target})", target.url, target.access))
+        names = names_apart([(entry.node, entry.target) for entry, _ in self._entries.values()])
+        for (key, (entry, target)), name in zip(list(self._entries.items()), names, strict=True):
+            if name != entry.node and target.node == entry.node:  # a name once told apart stays so
+                self._entries[key] = (entry, Target(name, target.url, target.access))
+
+
+def names_apart(nodes: list[tuple[str, str]]) -> list[str]:
+    """Each (node, exporter) pair's name: nodes listed under one name (Ray nodes on one host, named by its
+    IP) get their exporter's address beside it, since a node's name is what its events and faults say,
+    one node each."""
+    seen: dict[str, int] = {}
+    for node, _ in nodes:
+        seen[node] = seen.get(node, 0) + 1
+    return [f"{node} ({exporter})" if seen[node] > 1 else node for node, exporter in nodes]

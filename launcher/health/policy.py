@@ -18,6 +18,7 @@ from exporter.contract import wire
 from exporter.contract.strict import Strict
 
 Action = Literal["restart", "stop", "report"]
+Source = Literal["auto", "direct", "prometheus"]
 
 
 class FaultClass(StrEnum):
@@ -40,6 +41,11 @@ class HealthPolicy(Strict):
     enabled: bool = Field(True, description="watch the run's health (local, existing and KubeRay clusters)")
     check_interval_seconds: float = Field(10.0, ge=0.5, le=600,
                                           description="how often the watcher reads the exporters")
+    source: Source = Field("auto", description=(
+        "where the watcher reads every node's signals: auto (the head exporter's fleet document where the cluster "
+        "has one, else each exporter), direct (each exporter), prometheus (your Prometheus, `prometheus:`, one "
+        "query per rule: for fleets past one head's reach; the head's document, else each exporter, while it "
+        "cannot answer)"))
     hang_after_seconds: float = Field(HANG_AFTER_SECONDS, gt=0, description=(
         "a job that reports progress is hung when no rank advanced for this long (the alert rule's threshold); with "
         "adaptive_hang, the most the learned threshold may be"))

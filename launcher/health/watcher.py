@@ -3,7 +3,9 @@ what is new since the last check (a fault is reported once; an exporter that sto
 news, and so is its return). It decides nothing about actions: the run does, by its policy.
 
 A check reads one document when the head serves it: every node's health digest as the head
-gathered them, only the entries changed since the last check (launcher/health/fleet.py). Otherwise
+gathered them, only the entries changed since the last check (launcher/health/fleet.py). With
+`health.source: prometheus` it asks the user's Prometheus first, one query per rule
+(launcher/health/promql.py), and the head's document only while Prometheus cannot say. Otherwise
 it reads each exporter itself, only the watched families (exporters.FAMILIES_PATH), If-None-Match
 the ETag each gave last: an unchanged node is a 304 whose digest is the last one kept here.
 
@@ -24,6 +26,7 @@ from launcher.health.exporters import READ_TIMEOUT_S, Known, NodeRead, TargetSou
 from launcher.health.faults import Attempt, Baseline, Fault, Progress
 from launcher.health.fleet import FleetReader
 from launcher.health.policy import HealthPolicy
+from launcher.health.promql import PromqlReader
 from launcher.health.threshold import HangLearner, Threshold
 
 STARTING_GRACE_S = 60.0
@@ -39,8 +42,13 @@ class Check:
     progress: Progress | None = None
     reads: list[NodeRead] = field(default_factory=list)
     seconds: float = 0.0  # the check's wall time, from the targets' listing to its last finding
-    via_fleet: bool = False  # read from the head's fleet document (else each exporter was read)
+    source: str = "direct"  # where the reads came from: prometheus, head (its fleet document), direct (each exporter)
     threshold: Threshold | None = None  # the hang threshold in force at this check
+
+    @property
+    def via_fleet(self) -> bool:
+        """Read from the head's fleet document."""
+        return self.source == "head"
 
     @property
     def not_modified(self) -> int:
@@ -51,10 +59,12 @@ class Check:
 class Watcher:
     def __init__(self, policy: HealthPolicy, targets: TargetSource,
                  dead_nodes: Callable[[], list[str]] = list, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic, fleet: FleetReader | None = None) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, fleet: FleetReader | None = None,
+                 promql: PromqlReader | None = None) -> None:
         self.policy = policy
         self._targets = targets
         self.fleet = fleet
+        self.promql = promql
         self._dead_nodes = dead_nodes
         self._clock = clock
         self._monotonic = monotonic
@@ -91,19 +101,27 @@ class Watcher:
         return self.attempt is not None and self._monotonic() >= self._next_check
 
     def check(self) -> Check:
-        """Read every exporter once (or the head's document of them all); what is new. Call when due()."""
+        """Read every node once (Prometheus's answers, the head's document of them all, or each exporter); what is
+        new. Call when due()."""
         assert self.attempt is not None
         began = time.monotonic()
         self._next_check = self._monotonic() + self.policy.check_interval_seconds
-        reads = self.fleet.read(self.read_timeout, self.policy.check_interval_seconds) if self.fleet else None
-        result = Check(via_fleet=reads is not None)
+        source = "prometheus"
+        # A store's answers at fleet size take longer than an exporter's, and reading the nodes instead is
+        # what a fleet that size cannot afford: Prometheus gets half the interval, at least the read deadline.
+        promql_timeout = max(self.read_timeout, self.policy.check_interval_seconds / 2)
+        reads = self.promql.read(promql_timeout, self.attempt.submission_id) if self.promql else None
         if reads is None:
+            source = "head"
+            reads = self.fleet.read(self.read_timeout, self.policy.check_interval_seconds) if self.fleet else None
+        if reads is None:
+            source = "direct"
             targets = self._targets()
             listed = {target.url for target in targets}
             for url in [url for url in self._known if url not in listed]:  # nodes gone from /sd: forgotten
                 del self._known[url]
             reads = read_all(targets, self._known, self.read_timeout)
-        result.reads = reads
+        result = Check(source=source, reads=reads)
         self._note_reachability(reads, result)
         self._baseline.take(reads, self._retired)
         now = self._clock()

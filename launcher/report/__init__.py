@@ -23,6 +23,7 @@ from typing import Any
 from launcher import record_fleet
 from launcher.errors import BadInput
 from launcher.health import stacks
+from launcher.promql import shown
 from launcher.recording import Recording, path_of
 from launcher.recording import read as read_recording
 from launcher.report import charts, data
@@ -135,8 +136,8 @@ def _from_prometheus(record: RunRecord | None, prometheus: str) -> tuple[Recordi
     try:
         rec = prom.read(prometheus, start, end + 60, {"cluster": cluster} if cluster else None)
     except (OSError, ValueError) as exc:
-        return None, [note(f"could not read the run's series from {prometheus}: {exc}", "bad")]
-    return rec, [note(f"The run's series were read from Prometheus {prometheus} for its time range.", "info")]
+        return None, [note(f"could not read the run's series: {exc}", "bad")]
+    return rec, [note(f"The run's series were read from Prometheus {shown(prometheus)} for its time range.", "info")]
 
 
 def _alerts(prometheus: str | None, record: RunRecord | None, rec: Recording | None) -> tuple[list[dict], str]:
@@ -148,7 +149,7 @@ def _alerts(prometheus: str | None, record: RunRecord | None, rec: Recording | N
     try:
         return prom.fired(prometheus, start, end + 60, clusters), ""
     except (OSError, ValueError) as exc:
-        return [], note(f"could not ask {prometheus} for alerts: {exc}", "bad")
+        return [], note(f"could not ask for the alerts: {exc}", "bad")
 
 
 def _alerts_table(alerts: list[dict[str, Any]]) -> str:

@@ -1,34 +1,23 @@
 """A report's data from the user's Prometheus instead of a recording (a run submitted with
-`--prometheus URL` is not recorded twice), and the alerts that fired during the run.
+`--prometheus URL` is not recorded twice), and the alerts that fired during the run, read through
+the launcher's one bounded Prometheus client (launcher/promql.py).
 """
 
 from __future__ import annotations
 
-import json
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from launcher import recording
+from launcher.promql import MatrixSeries, Prometheus, shown
 from launcher.recording import Recording, Series
 
-TIMEOUT_S = 30.0
 MAX_POINTS = 1500  # per series: Prometheus refuses more than 11000 points per series anyway
 
 
-def _get(base: str, path: str, params: dict[str, Any]) -> Any:
-    url = f"{base.rstrip('/')}{path}?{urllib.parse.urlencode(params)}"
-    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
-        reply = json.loads(response.read())
-    if reply.get("status") != "success":
-        raise ValueError(f"{url}: {reply.get('error') or reply}")
-    return reply["data"]
-
-
-def query_range(base: str, expr: str, start: float, end: float, step: float | None = None) -> list[dict[str, Any]]:
+def query_range(base: str, expr: str, start: float, end: float, step: float | None = None) -> list[MatrixSeries]:
     step = step or max(1.0, (end - start) / MAX_POINTS)
-    return _get(base, "/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": f"{step:g}"})["result"]
+    return Prometheus(base).query_range(expr, start, end, step)
 
 
 def selector(matchers: dict[str, str] | None = None) -> str:
@@ -41,16 +30,18 @@ def selector(matchers: dict[str, str] | None = None) -> str:
 
 def read(base: str, start: float, end: float, matchers: dict[str, str] | None = None) -> Recording:
     """What the recorder would have kept, as this Prometheus has it for [start, end]."""
-    rec = Recording(Path(base))
+    rec = Recording(Path(shown(base)))
     for item in query_range(base, selector(matchers), start, end):
-        labels = dict(item["metric"])
-        name = labels.pop("__name__")
+        labels = dict(item.metric)
+        name = labels.pop("__name__", None)
+        if name is None:  # the selector names every series it gives; a store that drops names gives nothing
+            continue
         family = name.removesuffix("_total")
         rec.families.setdefault(family, {"type": "counter" if name.endswith("_total") else "gauge", "help": ""})
         series = rec.series[len(rec.series)] = Series(len(rec.series), family, name, labels)
-        for at, value in item["values"]:
+        for at, value in item.values:
             series.times.append(float(at))
-            series.values.append(float(value))
+            series.values.append(value)
     return rec
 
 
@@ -59,10 +50,10 @@ def fired(base: str, start: float, end: float, clusters: set[str]) -> list[dict[
     name, severity, labels, first and last time seen firing."""
     found = []
     for item in query_range(base, 'ALERTS{alertstate="firing"}', start, end):
-        labels = dict(item["metric"])
+        labels = dict(item.metric)
         if clusters and labels.get("cluster", "") not in clusters | {""}:
             continue
-        times = [float(at) for at, _ in item["values"]]
+        times = [at for at, _ in item.values]
         found.append({"alertname": labels.pop("alertname", "?"), "severity": labels.pop("severity", ""),
                       "labels": {k: v for k, v in labels.items() if k not in ("__name__", "alertstate")},
                       "first": min(times), "last": max(times)})
