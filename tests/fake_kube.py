@@ -17,9 +17,10 @@ log of the submitter Job's (`<RayJob name>`, one per attempt) pod, labelled
 For healing (launcher/backends/kuberay/heal.py): with `nodes` (Kubernetes node name -> the base URL of a
 real HTTP server standing in for the raypulse sidecar on that node), each attempt's RayCluster gets a Ray
 pod labelled `ray.io/cluster=<status.rayClusterName>` on the first node that is not cordoned
-(spec.unschedulable), and the pod proxy (`pods/<pod>:<port>/proxy/<path>`) forwards to that node's server
-as the API server does (503 when nothing answers). Nodes are cluster-scoped objects (get, merge-patch). A
-RayJob deleted and applied again under the same name goes on with its script's next attempt.
+(spec.unschedulable), and the pod proxy (`pods/<pod>:<port>/proxy/<path>`, whatever the port) forwards to
+that node's server as the API server does (503 when nothing answers; every header but Authorization goes
+on). Nodes are cluster-scoped objects (get, merge-patch). A RayJob deleted and applied again under the same
+name goes on with its script's next attempt.
 
 Outages (`outage(seconds)`): every request answers 503 ServiceUnavailable and the open watches end, as a
 kube-apiserver behind its load balancer does while it restarts (the client sees a closed stream, then
@@ -139,7 +140,7 @@ class FakeApiServer:
     def __init__(self, ca: trustme.CA, token: str = TOKEN, step_s: float = 0.05, watch_close_s: float = 1.0,
                  nodes: dict[str, str] | None = None, workers: int = 0) -> None:
         self.token = token
-        self.workers = workers  # worker pods beside each RayCluster's head (no sidecar of theirs is proxied)
+        self.workers = workers  # worker pods beside each RayCluster's head, on its node
         self.crd_installed = True
         self.step_s = step_s
         self.watch_close_s = watch_close_s  # a watch is closed by the server after this long (as real ones are)
@@ -353,8 +354,7 @@ class FakeApiServer:
             return
         for role, name in [("head", f"{cluster}-head")] + [
                 ("worker", f"{cluster}-worker-{index}") for index in range(self.workers)]:
-            if role == "head":
-                self._proxied[name] = self.nodes[free[0]]
+            self._proxied[name] = self.nodes[free[0]]  # each pod's sidecar: that node's server
             path = f"/api/v1/namespaces/{namespace}/pods/{name}"
             ray, sidecar = f"ray-{role}", "raypulse-exporter"
             self._logs[path] = [f"{name} {ray}: Ray runtime started\n"]
@@ -381,7 +381,10 @@ class FakeApiServer:
         if name not in self._proxied:
             return self._error(404, "NotFound", f'pods "{name}" not found', "pods", name)
         url = self._proxied[name] + "/" + "/".join(rest) + (f"?{request.query_string}" if request.query_string else "")
-        headers = {key: request.headers[key] for key in ("Accept-Encoding", "If-None-Match") if key in request.headers}
+        # The request's headers go on, but the API server's own credentials (its authentication filter removes
+        # Authorization) and what belongs to the hop.
+        headers = {key: value for key, value in request.headers.items()
+                   if key.lower() not in ("authorization", "host", "connection", "content-length")}
         try:
             async with aiohttp.ClientSession(auto_decompress=False) as session, \
                     session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as answer:

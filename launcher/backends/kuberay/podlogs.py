@@ -102,7 +102,7 @@ def gather(core: Any, namespace: str, pods: list[tuple[str, str, str]], director
         try:
             text, cut = _tail(core, namespace, pod, container, share, deadline)
         except Exception as exc:  # noqa: BLE001 - foreign input: a pod's log that cannot be read is said, not raised
-            result.errors.append(f"{pod}: {_why(exc)}")
+            result.errors.append(f"{pod}: {why(exc)}")
             continue
         private_dir(directory / pod)
         write_private(directory / pod / LOG_FILE, text)
@@ -136,7 +136,7 @@ def _tail(core: Any, namespace: str, pod: str, container: str, share: int, deadl
     return bytes(kept), seen > share
 
 
-def _why(exc: BaseException) -> str:
+def why(exc: BaseException) -> str:
     status = getattr(exc, "status", None)
     if status:
         try:

@@ -25,8 +25,11 @@ from launcher.health.exporters import Answer, ReadError, Target
 class PodProxyReader:
     """Reads one pod's exporter port through the API server (a Target's Reader)."""
 
-    def __init__(self, api_client: Any, namespace: str, pod: str, port: int, https: bool = False) -> None:
+    def __init__(self, api_client: Any, namespace: str, pod: str, port: int, https: bool = False,
+                 headers: dict[str, str] | None = None) -> None:
         self.api_client = api_client
+        # Sent on to the pod (the API server keeps the Authorization header for itself).
+        self.headers = dict(headers or {})
         # The proxy's name: `https:` makes the API server speak TLS to the pod (it does not verify the pod's cert).
         self.resource = (f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/"
                          f"{'https:' if https else ''}{quote(pod, safe='')}:{port}/proxy")
@@ -42,7 +45,7 @@ class PodProxyReader:
     def _get(self, path: str, deadline: float, timeout: float, etag: str | None) -> Answer:
         import urllib3
 
-        headers = {"Accept-Encoding": "gzip"}
+        headers = {**self.headers, "Accept-Encoding": "gzip"}
         if etag:
             headers["If-None-Match"] = etag
         # The client's own serialization: its auth (bearer token, refreshed in-cluster; client certificates

@@ -166,6 +166,12 @@ def _sidecar_volumes(spec: JobSpec) -> list[dict[str, Any]]:
     return volumes
 
 
+def _process_namespace(spec: JobSpec) -> dict[str, Any]:
+    """The sidecar sees the Ray container's processes only in a pod that shares its process namespace
+    (`share_process_namespace`, on by default; off: the pod's own setting, the sidecar's own processes only)."""
+    return {"shareProcessNamespace": True} if spec.share_process_namespace else {}
+
+
 def _ray_container(spec: JobSpec, name: str, resources: dict[str, Any], ports: list[tuple[str, int]],
                    gpus: int = 0) -> dict:
     container: dict[str, Any] = {
@@ -270,7 +276,7 @@ def _worker_group(spec: JobSpec, group: WorkerGroup, labels: dict[str, str], nod
     }
     if spec.sidecar:
         containers.append(_exporter_sidecar(spec, "worker", dashboard, secret, gpus=group.gpus))
-        pod["spec"].update(volumes=_sidecar_volumes(spec), shareProcessNamespace=True)
+        pod["spec"].update(volumes=_sidecar_volumes(spec), **_process_namespace(spec))
     selector = {"spec": {"nodeSelector": group.node_selector}} if group.node_selector else None
     return {
         "groupName": group.name,
@@ -332,7 +338,7 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None,
                                 "spec": {"containers": head_containers}}
     if spec.sidecar:
         head_containers.append(_exporter_sidecar(spec, "head", head_dashboard, secret, gpus=0))
-        head_pod["spec"].update(volumes=_sidecar_volumes(spec), shareProcessNamespace=True)
+        head_pod["spec"].update(volumes=_sidecar_volumes(spec), **_process_namespace(spec))
     worker_groups = [_worker_group(spec, group, labels, node_labels, worker_dashboard, secret)
                      for group in spec.worker_groups]
     ray_version = importlib.metadata.version("ray")
