@@ -42,6 +42,7 @@ from launcher import state
 from launcher.backends.kuberay.access import KubeAccess, api_error, kube_api
 from launcher.deploy.manifests import DEFAULT_IMAGE, Options, relabelings
 from launcher.errors import BadInput
+from launcher.health import stacks
 from launcher.journal import Journal
 from launcher.run import job_metadata, runtime_env
 from launcher.runtime_env import is_remote
@@ -334,6 +335,8 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None,
 
     head_containers = [_ray_container(spec, "ray-head", _container_resources(spec.head.cpus, spec.head.memory),
                                       RAY_PORTS)]
+    # Stacks before a restart (evidence.py) through the head's dashboard, whose py-spy endpoint is off by default.
+    head_containers[0].setdefault("env", []).append({"name": stacks.PROFILING_ENV, "value": "1"})
     head_pod: dict[str, Any] = {"metadata": {"labels": {**labels, "raypulse.io/role": "head"}},
                                 "spec": {"containers": head_containers}}
     if spec.sidecar:
