@@ -335,8 +335,9 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None,
 
     head_containers = [_ray_container(spec, "ray-head", _container_resources(spec.head.cpus, spec.head.memory),
                                       RAY_PORTS)]
-    # Stacks before a restart (evidence.py) through the head's dashboard, whose py-spy endpoint is off by default.
-    head_containers[0].setdefault("env", []).append({"name": stacks.PROFILING_ENV, "value": "1"})
+    if spec.sidecar:  # healing reads the sidecars; before a restart it takes stacks through the head's dashboard
+        # (evidence.py), whose py-spy endpoint is off by default
+        head_containers[0].setdefault("env", []).append({"name": stacks.PROFILING_ENV, "value": "1"})
     head_pod: dict[str, Any] = {"metadata": {"labels": {**labels, "raypulse.io/role": "head"}},
                                 "spec": {"containers": head_containers}}
     if spec.sidecar:
