@@ -53,6 +53,7 @@ class SidecarAndDashboard:
         self.text = ""
         self.tokens: list[str] = []
         self.hold = threading.Event()
+        self.refuse_dumps = False  # answer /worker/traceback as Ray does without RAY_DASHBOARD_ENABLE_PROFILING
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -73,6 +74,8 @@ class SidecarAndDashboard:
                         {"actor_id": "a1", "class_name": "RankWorker", "pid": RANK_PID, "node_id": "node-a-raylet",
                          "state": "ALIVE", "job_id": JOB_ID}]
                     return self._json({"result": True, "msg": "", "data": {"result": {"result": rows}}})
+                if url.path == "/worker/traceback" and owner.refuse_dumps:
+                    return self._send(403, b"Forbidden: profiling is disabled", "text/plain")
                 if url.path == "/worker/traceback":
                     pid = int(query["pid"][0])
                     frame = "allreduce (torch/distributed/distributed_c10d.py:2501)" if pid == RANK_PID \
@@ -192,8 +195,9 @@ def test_a_restart_keeps_the_stacks_and_the_pods_logs_taken_before_the_delete(
     assert "allreduce" in diagnosed.stdout
 
 
-def test_evidence_that_does_not_come_by_the_deadline_is_said_and_the_rest_is_kept(
-        env: dict[str, str], api_server: FakeApiServer, node: SidecarAndDashboard, monkeypatch: pytest.MonkeyPatch):
+def kept_in_process(env: dict[str, str], api_server: FakeApiServer, monkeypatch: pytest.MonkeyPatch, run_id: str,
+                    deadline_s: float) -> dict[str, Any]:
+    """`evidence.keep` of a running RayJob's attempt 1, in this process; the details of its one event."""
     from kubernetes import client
 
     from launcher.backends.kuberay import evidence
@@ -201,24 +205,39 @@ def test_evidence_that_does_not_come_by_the_deadline_is_said_and_the_rest_is_kep
     from launcher.journal import Journal
     from launcher.state import RunRecord
 
-    api_server.scripts["slow-1"] = [Attempt("HOLD", ["step 1"])]
-    assert launcher(env, "submit", "--backend", "kuberay", "--run-id", "slow-1", "--no-wait", "--",
+    api_server.scripts[run_id] = [Attempt("HOLD", ["step 1"])]
+    assert launcher(env, "submit", "--backend", "kuberay", "--run-id", run_id, "--no-wait", "--",
                     "python train.py").returncode == 0
-    submission_id = running_job_id(api_server, "slow-1")
+    submission_id = running_job_id(api_server, run_id)
     for key in ("KUBECONFIG", "RAYPULSE_HOME"):
         monkeypatch.setenv(key, env[key])
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     access = kube_api()
-    record = RunRecord(run_id="slow-1", name="slow-1", backend="kuberay")
-    journal = Journal(record=record)
-    cluster = api_server.rayjob(NAMESPACE, "slow-1")["status"]["rayClusterName"]
+    record = RunRecord(run_id=run_id, name=run_id, backend="kuberay")
+    cluster = api_server.rayjob(NAMESPACE, run_id)["status"]["rayClusterName"]
     jobs = SimpleNamespace(core=client.CoreV1Api(access.api_client), access=access, namespace=NAMESPACE,
-                           name="slow-1", cluster_name=cluster, record=record, journal=journal, spec=None,
+                           name=run_id, cluster_name=cluster, record=record, journal=Journal(record=record), spec=None,
                            views={1: SimpleNamespace(submission_id=submission_id)})
-    node.hold.set()  # the dashboard takes every request and never answers while the test holds it
-    evidence.keep(jobs, 1, deadline_s=1.0)
-    node.hold.clear()
+    evidence.keep(jobs, 1, deadline_s=deadline_s)
     [said] = [event.details for event in record.events if event.kind == "health.evidence"]
+    return said
+
+
+def test_evidence_that_does_not_come_by_the_deadline_is_said_and_the_rest_is_kept(
+        env: dict[str, str], api_server: FakeApiServer, node: SidecarAndDashboard, monkeypatch: pytest.MonkeyPatch):
+    node.hold.set()  # the dashboard takes every request and never answers while the test holds it
+    try:
+        said = kept_in_process(env, api_server, monkeypatch, "slow-1", deadline_s=1.0)
+    finally:
+        node.hold.clear()
     assert "stacks: not done within 1s (the restart goes on)" in said["summary"]
     assert "logs: 3 pod log(s)" in said["summary"]
     assert (Path(said["directory"]) / "pod-logs" / "summary.json").exists()
+
+
+def test_a_dashboard_that_refuses_stack_dumps_is_named_not_taken_for_rbac(
+        env: dict[str, str], api_server: FakeApiServer, node: SidecarAndDashboard, monkeypatch: pytest.MonkeyPatch):
+    node.refuse_dumps = True  # the dashboard's own 403, through the proxy: not the API server's RBAC
+    said = kept_in_process(env, api_server, monkeypatch, "off-1", deadline_s=30.0)
+    assert "RAY_DASHBOARD_ENABLE_PROFILING=1 is not set on the head" in said["summary"]
+    assert "get pods/proxy" not in said["summary"]

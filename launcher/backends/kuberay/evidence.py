@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.backends.kuberay import podlogs
-from launcher.backends.kuberay.proxy import PodProxyReader
+from launcher.backends.kuberay.proxy import PodProxyReader, ProxiedStatus
 from launcher.backends.kuberay.render import RAY_PORTS, run_token
 from launcher.health import stacks
 from launcher.raydash import READ_TIMEOUT_S, RayDashboard
@@ -40,7 +40,8 @@ RAY_PROXY_AUTH_HEADER = "X-Ray-Authorization"
 
 class ProxiedDashboard(RayDashboard):
     """The head pod's Ray dashboard through the API server's pod proxy: the same bounds as every read of a pod
-    (proxy.py), an answer that is not a 200 an OSError that says so."""
+    (proxy.py); the dashboard's own statuses come back as a RayDashboard gives them, the API server's refusals
+    as an OSError that says so."""
 
     def __init__(self, api_client: Any, namespace: str, pod: str, token: str) -> None:
         self._reader = PodProxyReader(api_client, namespace, pod, DASHBOARD_PORT,
@@ -48,7 +49,12 @@ class ProxiedDashboard(RayDashboard):
         super().__init__(self._reader.url, token)
 
     def get(self, path: str, timeout: float | None = None) -> tuple[int, bytes]:
-        answer = self._reader(path, READ_TIMEOUT_S if timeout is None else timeout)
+        try:
+            answer = self._reader(path, READ_TIMEOUT_S if timeout is None else timeout)
+        except ProxiedStatus as exc:
+            if exc.by_api_server:  # RBAC, a pod gone: not the dashboard's answer
+                raise
+            return exc.status, exc.body  # the dashboard's own (a 403: stack dumps are off), as stacks.py reads it
         return 200, answer.body or b""
 
 
