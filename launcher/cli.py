@@ -349,7 +349,7 @@ def status(run_id: str, address: str | None, cluster: str | None, token_path: Pa
 @click.option("--attempt", type=int, help="Attempt number [the latest].")
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming until the attempt ends.")
 @click.option("--all-nodes", is_flag=True, help="Save every node's log under the run's directory instead (KubeRay: "
-              "each Ray pod's and the submitter's, as `kubectl ray log`; 64 MiB for all together).")
+              "each Ray pod's and the submitter's, as `kubectl ray log`; one size budget for all together).")
 @target_options
 @OUTPUT
 def logs(run_id: str, attempt: int | None, follow: bool, all_nodes: bool, address: str | None, cluster: str | None,
