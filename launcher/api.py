@@ -29,7 +29,7 @@ from typing import Any, cast
 from exporter.contract import wire
 from launcher import detach as detaching
 from launcher import recording, target
-from launcher.backends.base import Followed, Placement
+from launcher.backends.base import Followed, NodeLogs, Placement
 from launcher.backends.kept import cluster_client
 from launcher.backends.local.cluster import LocalCluster, forget_cluster, stop_cluster_processes
 from launcher.backends.rayjobs import stop_attempts, stream_log
@@ -396,6 +396,19 @@ def logs(run_id: str, *, attempt: int | None = None, follow: bool = False, write
     if not saved.exists():
         raise BadInput(f"run_id: the log of {chosen.submission_id} is neither on a reachable cluster nor saved here")
     write(saved.read_text())
+
+
+def node_logs(run_id: str, *, token_path: Path | None = None) -> NodeLogs:
+    """Every node's log of a recorded run saved under its directory (KubeRay: every Ray pod's), within one
+    byte budget; BadInput where its backend has none to gather."""
+    record = status(run_id, token_path=token_path)
+    backend = BACKENDS.get(record.backend)
+    gathered = backend.node_logs(record, token_path) if backend is not None else None
+    if gathered is None:
+        raise BadInput(f"--all-nodes: run {run_id!r} runs on the {record.backend} backend, whose nodes' logs stay "
+                       "with Ray (on the nodes, under /tmp/ray/session_latest/logs); gathering them works for KubeRay "
+                       f"runs; the driver's log: `launcher logs {run_id}`")
+    return gathered
 
 
 def stop(run_id: str, *, address: str | None = None, cluster: str | None = None,

@@ -348,14 +348,29 @@ def status(run_id: str, address: str | None, cluster: str | None, token_path: Pa
 @click.argument("run_id")
 @click.option("--attempt", type=int, help="Attempt number [the latest].")
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming until the attempt ends.")
+@click.option("--all-nodes", is_flag=True, help="Save every node's log under the run's directory instead (KubeRay: "
+              "each Ray pod's and the submitter's, as `kubectl ray log`; one size budget for all together).")
 @target_options
 @OUTPUT
-def logs(run_id: str, attempt: int | None, follow: bool, address: str | None, cluster: str | None,
+def logs(run_id: str, attempt: int | None, follow: bool, all_nodes: bool, address: str | None, cluster: str | None,
          token_path: Path | None, output: str) -> None:
     """Print a run's driver log (live from its cluster, or as saved after the cluster is gone)."""
     if follow and output == "json":
         click.echo("launcher: --follow streams text; drop --output json", err=True)
         sys.exit(int(ExitCode.BAD_INPUT))
+    if all_nodes:
+        clash = next((flag for flag, given in (("--follow", follow), ("--attempt", attempt is not None),
+                                               ("--address", address), ("--cluster", cluster)) if given), None)
+        if clash:
+            click.echo(f"launcher: --all-nodes saves the nodes' logs of a run recorded here, now; drop {clash}",
+                       err=True)
+            sys.exit(int(ExitCode.BAD_INPUT))
+        gathered = _read("logs", lambda: api.node_logs(run_id, token_path=token_path))
+        if output == "json":
+            _print_json({"run_id": run_id, **gathered.as_dict()})
+        else:
+            click.echo(f"launcher: run {run_id}: {gathered.summary}; saved in {gathered.directory}")
+        return
     chunks: list[str] = []
 
     def write(text: str) -> None:

@@ -80,6 +80,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "context": "context",
     "pod_template": "pod_template",
     "no_sidecar": "sidecar",
+    "no_share_process_namespace": "share_process_namespace",
     "queue": "queue",
     "release": "release",
     "exporter_image": "exporter_image",
@@ -100,7 +101,8 @@ SPEC_OPTIONS: dict[str, str] = {
     "no_stacks": "health.stacks",
     "cordon_nodes": "health.cordon_nodes",
 }
-NEGATIONS = {"no_health", "no_stacks", "no_sidecar", "fixed_hang"}  # flags that turn a default-on field off
+# flags that turn a default-on field off
+NEGATIONS = {"no_health", "no_stacks", "no_sidecar", "no_share_process_namespace", "fixed_hang"}
 WORKER_SHORTHANDS = {"workers": "count", "worker_cpus": "cpus", "worker_gpus": "gpus", "worker_memory": "memory",
                      "worker_resource": "resources"}
 _SECTIONS: dict[str, type[BaseModel]] = {"": JobSpec, "head": HeadSpec, "worker_groups[]": WorkerGroup,
@@ -363,6 +365,8 @@ def spec_options(func: Callable) -> Callable:
                      help="PodTemplateSpec YAML merged into every Ray pod (tolerations, nodeSelector, affinity, "
                      "volumes, serviceAccountName, imagePullSecrets...; a container named `ray` merges into Ray's)."),
         click.option("--no-sidecar", is_flag=True, help="No exporter sidecar in the Ray pods (and no PodMonitor)."),
+        click.option("--no-share-process-namespace", is_flag=True, help="Ray pods without shareProcessNamespace "
+                     "(the sidecar then sees no Ray process)."),
         click.option("--queue", help="Kueue LocalQueue (adds kueue.x-k8s.io/queue-name)."),
         click.option("--release", metavar="NAME", help="kube-prometheus-stack's Helm release: the PodMonitor gets "
                      "release=NAME, which its Prometheus selects on."),

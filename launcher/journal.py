@@ -133,6 +133,8 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
          + (f"in phase {d['phase']}" if d.get("phase") else "without progress") + f" ({d['basis']})"),
     Kind("health.stacks", say=lambda d: f"stacks of attempt {d['attempt']}: {d['summary']}"
                                         + (f" (saved in {d['directory']})" if d.get("directory") else "")),
+    Kind("health.evidence", say=lambda d: f"evidence of attempt {d['attempt']} before its RayJob is deleted: "
+         f"{d['summary']}" + (f" (saved in {d['directory']})" if d.get("directory") else "")),
     Kind("health.recovered", audit="health.recovered", say=lambda d: (
         f"attempt {d['attempt']} recovered from the {d['fault']}: first step {d['first_step']} "
         f"{d['recover_seconds']:g}s after the fault (detected in {d['detect_seconds']:g}s; "

@@ -268,6 +268,9 @@ class JobSpec(_Strict):
                                       "Ray pod: tolerations, nodeSelector, affinity, volumes, serviceAccountName...")
     sidecar: bool = Field(True, description="run the exporter beside Ray in every pod, with a PodMonitor "
                           "(Kubernetes)")
+    share_process_namespace: bool = Field(True, description="the Ray pods share one process namespace "
+                                          "(shareProcessNamespace), so the exporter sidecar sees Ray's processes "
+                                          "(Kubernetes; off: no per-process series from the sidecar)")
     queue: str | None = Field(None, description="Kueue LocalQueue name")
     release: str | None = Field(None, description="kube-prometheus-stack's Helm release: the PodMonitor gets the "
                                 "`release` label its Prometheus selects on")

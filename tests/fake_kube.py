@@ -17,14 +17,23 @@ log of the submitter Job's (`<RayJob name>`, one per attempt) pod, labelled
 For healing (launcher/backends/kuberay/heal.py): with `nodes` (Kubernetes node name -> the base URL of a
 real HTTP server standing in for the raypulse sidecar on that node), each attempt's RayCluster gets a Ray
 pod labelled `ray.io/cluster=<status.rayClusterName>` on the first node that is not cordoned
-(spec.unschedulable), and the pod proxy (`pods/<pod>:<port>/proxy/<path>`) forwards to that node's server
-as the API server does (503 when nothing answers). Nodes are cluster-scoped objects (get, merge-patch). A
-RayJob deleted and applied again under the same name goes on with its script's next attempt.
+(spec.unschedulable), and the pod proxy (`pods/<pod>:<port>/proxy/<path>`, whatever the port) forwards to
+that node's server as the API server does (503 when nothing answers; every header but Authorization goes
+on). Nodes are cluster-scoped objects (get, merge-patch). A RayJob deleted and applied again under the same
+name goes on with its script's next attempt.
 
 Outages (`outage(seconds)`): every request answers 503 ServiceUnavailable and the open watches end, as a
 kube-apiserver behind its load balancer does while it restarts (the client sees a closed stream, then
 503s or refused connections); KubeRay's controller goes on meanwhile (the RayJobs' scripts keep running),
 so a watch opened again afterwards from a known resourceVersion gets only what changed since.
+
+Pods and their logs (core/v1, https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/
+"read log of the specified Pod", PodLogOptions): pods are listed by label selector
+(`GET /api/v1/namespaces/NS/pods?labelSelector=a=b,c=d`); a Ray pod carries KubeRay's labels
+(`ray.io/cluster`, `ray.io/node-type`: raycluster_controller.go's pod template) with the Ray container first
+and the sidecar second, `workers` worker pods beside the head; `GET .../pods/NAME/log` takes `container`
+(400 when a pod of several containers is asked without one, or for one it has not), `tailLines`, then
+`limitBytes`, and `follow`; a pod deleted with its RayCluster answers 404.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from scripts.ports import free_port
 
 TOKEN = "fake-service-account-token"
 RAY_CLUSTER_LABEL = "ray.io/cluster"
+NODE_TYPE_LABEL = "ray.io/node-type"
 
 
 @dataclass
@@ -116,7 +126,7 @@ def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
 def _matches(obj: dict[str, Any], field_selector: str | None, label_selector: str | None) -> bool:
     for selector, values in ((field_selector, {"metadata.name": obj["metadata"]["name"]}),
                              (label_selector, obj["metadata"].get("labels") or {})):
-        for term in filter(None, (selector or "").split(",")):
+        for term in filter(None, (term.strip() for term in (selector or "").split(","))):
             key, _, wanted = term.partition("=")
             if values.get(key) != wanted:
                 return False
@@ -128,8 +138,9 @@ class FakeApiServer:
     of Attempts, or VALIDATION_FAILED; default: one attempt that succeeds)."""
 
     def __init__(self, ca: trustme.CA, token: str = TOKEN, step_s: float = 0.05, watch_close_s: float = 1.0,
-                 nodes: dict[str, str] | None = None) -> None:
+                 nodes: dict[str, str] | None = None, workers: int = 0) -> None:
         self.token = token
+        self.workers = workers  # worker pods beside each RayCluster's head, on its node
         self.crd_installed = True
         self.step_s = step_s
         self.watch_close_s = watch_close_s  # a watch is closed by the server after this long (as real ones are)
@@ -151,7 +162,8 @@ class FakeApiServer:
         ca.issue_cert("127.0.0.1").configure_cert(self._ssl)
         self._version = 0
         self._history: list[tuple[int, str, str, dict[str, Any]]] = []  # (version, collection, type, object)
-        self._logs: dict[str, list[str]] = {}  # pod path -> lines
+        self._logs: dict[str, list[str]] = {}  # pod path -> lines (of its only or first container)
+        self._container_logs: dict[tuple[str, str], list[str]] = {}  # (pod path, a later container) -> lines
         self._followed: dict[str, asyncio.Event] = {}  # pod path -> set once its log is followed
         self._ended: set[str] = set()  # pods whose container exited
         self._machines: dict[str, asyncio.Task] = {}
@@ -334,19 +346,33 @@ class FakeApiServer:
             return
 
     async def _ray_pod(self, namespace: str, cluster: str) -> None:
-        """The RayCluster's Ray pod, scheduled on the first node not cordoned (none without `nodes`)."""
+        """The RayCluster's Ray pods, labelled as KubeRay labels them (`ray.io/cluster`, `ray.io/node-type`), the
+        Ray container first: the head, scheduled on the first node not cordoned (none without `nodes`), and
+        `workers` worker pods beside it. Each container's log says what it is."""
         free = [node for node in self.nodes if not self.objects[f"/api/v1/nodes/{node}"]["spec"].get("unschedulable")]
         if not free:
             return
-        name = f"{cluster}-head"
-        self._proxied[name] = self.nodes[free[0]]
-        await self._store(f"/api/v1/namespaces/{namespace}/pods/{name}", "ADDED", {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
-                         "labels": {RAY_CLUSTER_LABEL: cluster}},
-            "spec": {"nodeName": free[0], "containers": [{"name": "ray-head", "image": "rayproject/ray"},
-                                                          {"name": "raypulse-exporter", "image": "raypulse"}]},
-            "status": {"phase": "Running"}})
+        for role, name in [("head", f"{cluster}-head")] + [
+                ("worker", f"{cluster}-worker-{index}") for index in range(self.workers)]:
+            self._proxied[name] = self.nodes[free[0]]  # each pod's sidecar: that node's server
+            path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+            ray, sidecar = f"ray-{role}", "raypulse-exporter"
+            self._logs[path] = [f"{name} {ray}: Ray runtime started\n"]
+            self._container_logs[(path, sidecar)] = [f"{name} {sidecar}: serving\n"]
+            await self._store(path, "ADDED", {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
+                             "labels": {RAY_CLUSTER_LABEL: cluster, NODE_TYPE_LABEL: role}},
+                "spec": {"nodeName": free[0], "containers": [{"name": ray, "image": "rayproject/ray"},
+                                                              {"name": sidecar, "image": "raypulse"}]},
+                "status": {"phase": "Running"}})
+
+    def append_log(self, namespace: str, pod: str, text: str, container: str | None = None) -> None:
+        """More output of a pod's container (its first without `container`)."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod}"
+        first = ((self.objects[path].get("spec") or {}).get("containers") or [{}])[0].get("name")
+        lines = self._logs[path] if container in (None, first) else self._container_logs[(path, str(container))]
+        self._loop.call_soon_threadsafe(lines.append, text)
 
     async def _proxy(self, request: web.Request, pod: str, rest: list[str]) -> web.StreamResponse:
         """The pod proxy: the request's path and query forwarded to the pod's server, its answer passed back
@@ -355,7 +381,10 @@ class FakeApiServer:
         if name not in self._proxied:
             return self._error(404, "NotFound", f'pods "{name}" not found', "pods", name)
         url = self._proxied[name] + "/" + "/".join(rest) + (f"?{request.query_string}" if request.query_string else "")
-        headers = {key: request.headers[key] for key in ("Accept-Encoding", "If-None-Match") if key in request.headers}
+        # The request's headers go on, but the API server's own credentials (its authentication filter removes
+        # Authorization) and what belongs to the hop.
+        headers = {key: value for key, value in request.headers.items()
+                   if key.lower() not in ("authorization", "host", "connection", "content-length")}
         try:
             async with aiohttp.ClientSession(auto_decompress=False) as session, \
                     session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as answer:
@@ -486,19 +515,39 @@ class FakeApiServer:
         return response
 
     async def _log(self, request: web.Request, pod: str) -> web.StreamResponse:
-        if pod not in self._logs:
-            return self._error(404, "NotFound", "pods not found", "pods", pod.rsplit("/", 1)[1])
-        if request.query.get("follow") not in ("true", "1"):
-            return web.Response(text="".join(self._logs[pod]))
+        """The log subresource as the API serves it (core/v1 PodLogOptions, `kubectl logs`): `container` (required
+        when the pod has several, 400 when the pod has no such container), `tailLines` (the last N lines), then
+        `limitBytes` (the output stops after N bytes, mid-line if need be), `follow`. A Ray pod deleted with its
+        RayCluster is 404 (an ended submitter pod's log stays readable, as a terminated pod's does)."""
+        if pod not in self._logs or (pod not in self.objects and pod not in self._ended):
+            return self._error(404, "NotFound", f'pods "{pod.rsplit("/", 1)[1]}" not found', "pods",
+                               pod.rsplit("/", 1)[1])
+        query, name = request.query, pod.rsplit("/", 1)[1]
+        names = [item.get("name") for item in ((self.objects.get(pod) or {}).get("spec") or {}).get("containers") or []]
+        container = query.get("container")
+        if container is None and len(names) > 1:
+            return self._error(400, "BadRequest", f"a container name must be specified for pod {name}, choose one "
+                               f"of: [{' '.join(names)}]")
+        if container is not None and names and container not in names:
+            return self._error(400, "BadRequest", f"container {container} is not valid for pod {name}")
+        lines = self._logs[pod] if container in (None, *names[:1]) else self._container_logs[(pod, container)]
+        tail = int(query["tailLines"]) if "tailLines" in query else None
+        limit = int(query["limitBytes"]) if "limitBytes" in query else None
+        if (tail is not None and tail < 0) or (limit is not None and limit < 1):
+            return self._error(422, "Invalid", "tailLines must be >= 0 and limitBytes >= 1")
+        skipped = max(0, len(lines) - tail) if tail is not None else 0
+        if query.get("follow") not in ("true", "1"):
+            return web.Response(body="".join(lines[skipped:]).encode()[:limit], content_type="text/plain")
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
         await response.prepare(request)
         self._followed.setdefault(pod, asyncio.Event()).set()
-        sent = 0
-        while True:
-            lines = self._logs[pod]
+        sent, budget = skipped, limit
+        while budget is None or budget > 0:
             if sent < len(lines):
-                await response.write("".join(lines[sent:]).encode())
+                data = "".join(lines[sent:]).encode()[:budget]
+                await response.write(data)
                 sent = len(lines)
+                budget = None if budget is None else budget - len(data)
             elif pod in self._ended:
                 break
             else:

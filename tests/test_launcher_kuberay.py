@@ -323,6 +323,21 @@ def test_the_sidecar_sees_the_ray_containers_processes_and_gpus(pod_template_val
         assert disabled == ["gpu", "gpu_events"]
 
 
+def test_sharing_the_process_namespace_can_be_turned_off(pod_template_validator, tmp_path: Path):
+    """`share_process_namespace: false` (--no-share-process-namespace): the pods keep their own process namespace
+    (a cluster policy may forbid sharing); the sidecars stay, seeing only their own processes."""
+    _, rayjob, _ = manifests(share_process_namespace=False)
+    for pod, sidecar in sidecars(rayjob):
+        assert not list(pod_template_validator.iter_errors(pod))
+        assert "shareProcessNamespace" not in pod["spec"]
+        assert sidecar["name"] == "raypulse-exporter"
+    result = subprocess.run([sys.executable, "-m", "launcher", "render", "--run-id", "own-1",
+                             "--no-share-process-namespace", "--", "python train.py"], capture_output=True, text=True,
+                            cwd=REPO, env={**os.environ, "RAYPULSE_HOME": str(tmp_path)}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "shareProcessNamespace" not in result.stdout
+
+
 def test_the_pod_monitor_validates_and_relabels_to_the_label_contract(pod_monitor_validator):
     _, _, pod_monitor = manifests()
     assert not list(pod_monitor_validator.iter_errors(pod_monitor))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -156,6 +156,34 @@ class Placement:
         """The first attempt could not be submitted: undo what the backend started for it."""
 
 
+@dataclass
+class NodeLogs:
+    """What `launcher logs --all-nodes` saved: each node's (pod's) log under `directory`, the bytes, and what was
+    cut to the one budget or not read (`summary` says it)."""
+
+    directory: str
+    cap_bytes: int
+    pods: list[str] = field(default_factory=list)  # the nodes (pods) saved, in order
+    written: int = 0
+    cut: list[str] = field(default_factory=list)  # those whose log was cut to its end by the budget
+    errors: list[str] = field(default_factory=list)  # `node: why` for each log not read
+
+    @property
+    def summary(self) -> str:
+        text = f"{len(self.pods)} pod log(s), {self.written:,} bytes"
+        if self.cut:
+            shown = ", ".join(self.cut[:4]) + (" ..." if len(self.cut) > 4 else "")
+            text += (f"; cut to the budget of {self.cap_bytes:,} bytes for all pods together, the end of each kept "
+                     f"({shown})")
+        if self.errors:
+            text += f"; {len(self.errors)} not read ({self.errors[0]})"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"directory": self.directory, "pods": self.pods, "bytes": self.written, "cap_bytes": self.cap_bytes,
+                "cut": self.cut, "errors": self.errors, "summary": self.summary}
+
+
 class Backend(Protocol):
     """One place a run can live. Class-level: its name (the spec's `backend`), the spec fields only it
     (and others that list them) takes, what it refuses, and how a recorded run's cluster is reached.
@@ -199,6 +227,12 @@ class Backend(Protocol):
     def live_log(cls, record: RunRecord, attempt: int, write: Callable[[str], None], follow: bool,
                  token_path: Path | None = None) -> bool:
         """`launcher logs`: the attempt's log from its cluster, while that has it (False: it does not)."""
+        ...
+
+    @classmethod
+    def node_logs(cls, record: RunRecord, token_path: Path | None = None) -> NodeLogs | None:
+        """`launcher logs --all-nodes`: every node's log of the run saved under the run's directory, within one
+        byte budget (None: the backend has no nodes' logs to gather; its driver log is `launcher logs`)."""
         ...
 
     @classmethod

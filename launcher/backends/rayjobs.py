@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
-from launcher.backends.base import Seen, Submission
+from launcher.backends.base import NodeLogs, Seen, Submission
 from launcher.errors import BadInput, InfraError
 from launcher.jobs import TERMINAL, JobsClient
 from launcher.journal import Journal
@@ -88,6 +88,10 @@ class OnRayJobs:
         client = cls.reach(record, token_path)
         chosen = record.attempt(attempt)
         return chosen is not None and client is not None and stream_log(client, chosen.submission_id, write, follow)
+
+    @classmethod
+    def node_logs(cls, record: RunRecord, token_path: Path | None = None) -> NodeLogs | None:
+        return None  # Ray's own nodes keep their logs; the driver's is `launcher logs`
 
     @classmethod
     def stop_recorded(cls, record: RunRecord, token_path: Path | None = None) -> list[str]:

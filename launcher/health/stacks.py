@@ -33,6 +33,7 @@ from launcher.raydash import DashboardHttpError, RayDashboard
 from launcher.state import private_dir, write_private
 
 TRACEBACK_PATH = "/worker/traceback"
+PROFILING_ENV = "RAY_DASHBOARD_ENABLE_PROFILING"  # "1" on the head: its dashboard takes stack dumps
 TIMEOUT_S = 30.0  # py-spy attaches to each process; a busy node answers in seconds
 MAX_PROCESSES = 256  # a bound on the evidence of one hang (the suspects show in any sample)
 _FRAME = re.compile(r"^\s{4}(\S.*?) \((.+?):(\d+)\)\s*$")
@@ -171,7 +172,7 @@ def take(dashboard: RayDashboard, process: Process) -> list[Stack]:
     text = body.decode(errors="replace")
     if status != 200:
         if status == 403:
-            return [Stack(process, error="the dashboard refuses stack dumps (RAY_DASHBOARD_ENABLE_PROFILING=1 is "
+            return [Stack(process, error=f"the dashboard refuses stack dumps ({PROFILING_ENV}=1 is "
                                          "not set on the head)")]
         return [Stack(process, error=f"HTTP {status}: {text[:200]}")]
     return split_tree(process, text) if process.tree else [Stack(process, text=text)]

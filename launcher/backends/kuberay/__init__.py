@@ -6,4 +6,6 @@
     follow.py   the RayJob as the engine follows it: its status, attempts, logs, stop and restart
     heal.py     what the health watcher reads on KubeRay (the Ray pods' sidecars) and how a node is kept out
     proxy.py    one read of a pod's sidecar through the API server's pod proxy
+    podlogs.py  every Ray pod's log as `kubectl ray log` gathers them, in one size budget (`logs --all-nodes`)
+    evidence.py what a restart keeps before it deletes the RayJob: the job's stacks, the Ray pods' logs
 """

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.backends.base import new_record, unsupervised
+from launcher.backends.base import NodeLogs, new_record, unsupervised
 from launcher.backends.kinds import KubeRayKind
 from launcher.backends.kuberay import render
 from launcher.backends.kuberay.access import KubeAccess, kube_api
@@ -140,6 +140,13 @@ class KubeRayBackend(KubeRayKind):
         if latest is None or latest.attempt != attempt or record.attempt_log(attempt).exists():
             return False
         return pod_log(record, write, follow)
+
+    @classmethod
+    def node_logs(cls, record: RunRecord, token_path: Path | None = None) -> NodeLogs | None:
+        """The Ray pods' logs (head, workers, the submitter) as `kubectl ray log` gathers them."""
+        from launcher.backends.kuberay.podlogs import run_pod_logs
+
+        return run_pod_logs(record)
 
     @classmethod
     def stop_recorded(cls, record: RunRecord, token_path: Path | None = None) -> list[str]:

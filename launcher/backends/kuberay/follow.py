@@ -236,6 +236,9 @@ class RayJobAttempts:
             else:
                 self._delete()
             return
+        from launcher.backends.kuberay import evidence
+
+        evidence.keep(self, attempt)  # its stacks and pods' logs, before the delete takes them (bounded)
         with self._taking:
             self._generation += 1  # the deleted RayJob's watch ends; its news is dropped
         self._delete(foreground=True)

@@ -13,6 +13,7 @@ from the headers on, the reaper cuts the connection at the deadline.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -21,12 +22,17 @@ from urllib.parse import quote
 from launcher.health import exporters
 from launcher.health.exporters import Answer, ReadError, Target
 
+ERROR_BODY_BYTES = 4096  # of an answer that is not a 200: enough for a Kubernetes Status or a pod's reason
+
 
 class PodProxyReader:
     """Reads one pod's exporter port through the API server (a Target's Reader)."""
 
-    def __init__(self, api_client: Any, namespace: str, pod: str, port: int, https: bool = False) -> None:
+    def __init__(self, api_client: Any, namespace: str, pod: str, port: int, https: bool = False,
+                 headers: dict[str, str] | None = None) -> None:
         self.api_client = api_client
+        # Sent on to the pod (the API server keeps the Authorization header for itself).
+        self.headers = dict(headers or {})
         # The proxy's name: `https:` makes the API server speak TLS to the pod (it does not verify the pod's cert).
         self.resource = (f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/"
                          f"{'https:' if https else ''}{quote(pod, safe='')}:{port}/proxy")
@@ -42,7 +48,7 @@ class PodProxyReader:
     def _get(self, path: str, deadline: float, timeout: float, etag: str | None) -> Answer:
         import urllib3
 
-        headers = {"Accept-Encoding": "gzip"}
+        headers = {**self.headers, "Accept-Encoding": "gzip"}
         if etag:
             headers["If-None-Match"] = etag
         # The client's own serialization: its auth (bearer token, refreshed in-cluster; client certificates
@@ -63,8 +69,9 @@ class PodProxyReader:
                 done = True
                 return Answer(None, tag or etag)
             if response.status != 200:
-                raise ReadError(f"HTTP {response.status} through the API server's pod proxy "
-                                f"({_proxy_reason(response)})")
+                body = response.read(ERROR_BODY_BYTES)  # a few words of why; bounded like the rest
+                raise ProxiedStatus(f"HTTP {response.status} through the API server's pod proxy "
+                                    f"({_proxy_reason(response, body)})", response.status, body)
             body = exporters.read_body(lambda size: response.read1(size, decode_content=False),
                              lambda: response.length_remaining, response.headers.get("Content-Length"), expired,
                              deadline, timeout, exporters.MAX_WIRE_BYTES)
@@ -82,9 +89,30 @@ class PodProxyReader:
             response.release_conn()
 
 
-def _proxy_reason(response: Any) -> str:
-    """The API server's or the pod's reason in a few printable words (a 403 names the missing RBAC)."""
-    if response.status == 403:
+class ProxiedStatus(ReadError):
+    """An answer other than a 200 (or a 304 asked for): the pod's own, or the API server's (`by_api_server`:
+    a Kubernetes Status, such as RBAC's 403 or a gone pod's 404)."""
+
+    def __init__(self, message: str, status: int, body: bytes) -> None:
+        super().__init__(message)
+        self.status, self.body = status, body
+
+    @property
+    def by_api_server(self) -> bool:
+        return _is_status(self.body)
+
+
+def _is_status(body: bytes) -> bool:
+    try:
+        return json.loads(body).get("kind") == "Status"
+    except (ValueError, AttributeError):
+        return False
+
+
+def _proxy_reason(response: Any, body: bytes = b"") -> str:
+    """The API server's or the pod's reason in a few printable words (the API server's 403 names the
+    missing RBAC)."""
+    if response.status == 403 and _is_status(body):
         return "forbidden: the launcher's account needs `get pods/proxy`"
     reason = "".join(ch if " " <= ch <= "~" else "?" for ch in str(response.reason or ""))[:60]
     return reason or "no reason given"

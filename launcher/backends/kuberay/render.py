@@ -42,6 +42,7 @@ from launcher import state
 from launcher.backends.kuberay.access import KubeAccess, api_error, kube_api
 from launcher.deploy.manifests import DEFAULT_IMAGE, Options, relabelings
 from launcher.errors import BadInput
+from launcher.health import stacks
 from launcher.journal import Journal
 from launcher.run import job_metadata, runtime_env
 from launcher.runtime_env import is_remote
@@ -166,6 +167,12 @@ def _sidecar_volumes(spec: JobSpec) -> list[dict[str, Any]]:
     return volumes
 
 
+def _process_namespace(spec: JobSpec) -> dict[str, Any]:
+    """The sidecar sees the Ray container's processes only in a pod that shares its process namespace
+    (`share_process_namespace`, on by default; off: the pod's own setting, the sidecar's own processes only)."""
+    return {"shareProcessNamespace": True} if spec.share_process_namespace else {}
+
+
 def _ray_container(spec: JobSpec, name: str, resources: dict[str, Any], ports: list[tuple[str, int]],
                    gpus: int = 0) -> dict:
     container: dict[str, Any] = {
@@ -270,7 +277,7 @@ def _worker_group(spec: JobSpec, group: WorkerGroup, labels: dict[str, str], nod
     }
     if spec.sidecar:
         containers.append(_exporter_sidecar(spec, "worker", dashboard, secret, gpus=group.gpus))
-        pod["spec"].update(volumes=_sidecar_volumes(spec), shareProcessNamespace=True)
+        pod["spec"].update(volumes=_sidecar_volumes(spec), **_process_namespace(spec))
     selector = {"spec": {"nodeSelector": group.node_selector}} if group.node_selector else None
     return {
         "groupName": group.name,
@@ -328,11 +335,14 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None,
 
     head_containers = [_ray_container(spec, "ray-head", _container_resources(spec.head.cpus, spec.head.memory),
                                       RAY_PORTS)]
+    if spec.sidecar:  # healing reads the sidecars; before a restart it takes stacks through the head's dashboard
+        # (evidence.py), whose py-spy endpoint is off by default
+        head_containers[0].setdefault("env", []).append({"name": stacks.PROFILING_ENV, "value": "1"})
     head_pod: dict[str, Any] = {"metadata": {"labels": {**labels, "raypulse.io/role": "head"}},
                                 "spec": {"containers": head_containers}}
     if spec.sidecar:
         head_containers.append(_exporter_sidecar(spec, "head", head_dashboard, secret, gpus=0))
-        head_pod["spec"].update(volumes=_sidecar_volumes(spec), shareProcessNamespace=True)
+        head_pod["spec"].update(volumes=_sidecar_volumes(spec), **_process_namespace(spec))
     worker_groups = [_worker_group(spec, group, labels, node_labels, worker_dashboard, secret)
                      for group in spec.worker_groups]
     ray_version = importlib.metadata.version("ray")

@@ -36,6 +36,7 @@ from exporter.contract import wire
 from exporter.serving.binding import can_listen
 from launcher.errors import BadInput, Cancelled, InfraError
 from launcher.exporter_plan import PROGRESS_HOST, ExporterPlan, prepare_web_config
+from launcher.health import stacks
 from launcher.journal import Journal
 from launcher.raydash import RayDashboard
 from launcher.spec import JobSpec
@@ -238,7 +239,7 @@ class LocalCluster:
             "RAY_AUTH_TOKEN_PATH": str(token_path),
             "RAY_USAGE_STATS_ENABLED": "0",
             # Stacks of a hung job through the dashboard's py-spy endpoint (off by default in recent Ray).
-            "RAY_DASHBOARD_ENABLE_PROFILING": "1",
+            stacks.PROFILING_ENV: "1",
             # No drain on SIGTERM: the launcher stops a node only to be rid of it, with its jobs stopped first,
             # and a detached actor (Ray Train leaves one) would hold the drain for the whole grace.
             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
