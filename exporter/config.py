@@ -100,6 +100,10 @@ class PodSettings(_Strict):
                                     "default: this process's own, widened to its Kubernetes pod.")
 
 
+# The kubelet serves its pod-resources API here (KEP-606); manifests mount its directory.
+POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+
+
 class GpuSettings(_Strict):
     simulate: int = Field(0, ge=0, le=64, description="Simulate this many GPUs instead of reading NVML "
                           "(docs/gpu-simulation.md); 0: the real GPUs. Simulated series say simulated=\"true\".")
@@ -115,6 +119,15 @@ class GpuSettings(_Strict):
         "Most (GPU, process) pairs of the node exported as per-process series (a `pid` label each, which churns "
         "with every restart), the largest device memory first; 0: none. raypulse_gpu_processes and the Ray "
         "job attribution count every process either way."))
+
+    pod_resources_socket: Path | None = Field(POD_RESOURCES_SOCKET, description=(
+        "The kubelet's pod-resources gRPC socket, read for the pod, namespace and container holding each GPU "
+        "(used when it exists; null: off). An exporter whose own pod (POD_NAME/POD_NAMESPACE) holds GPUs "
+        "reports only those."))
+    pod_resources_refresh_seconds: float = Field(10.0, gt=0, le=3600, description="Seconds between reads of "
+                                                 "the pod-resources API; GPU owners are cached in between.")
+    pod_resources_timeout_seconds: float = Field(2.0, gt=0, le=30, description="Deadline of one pod-resources "
+                                                 "call; past it the GPU series go without pod labels.")
 
     @field_validator("simulate_model")
     @classmethod
