@@ -100,10 +100,6 @@ class PodSettings(_Strict):
                                     "default: this process's own, widened to its Kubernetes pod.")
 
 
-# The kubelet serves its pod-resources API here (KEP-606); manifests mount its directory.
-POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-
-
 class GpuSettings(_Strict):
     simulate: int = Field(0, ge=0, le=64, description="Simulate this many GPUs instead of reading NVML "
                           "(docs/gpu-simulation.md); 0: the real GPUs. Simulated series say simulated=\"true\".")
@@ -120,7 +116,7 @@ class GpuSettings(_Strict):
         "with every restart), the largest device memory first; 0: none. raypulse_gpu_processes and the Ray "
         "job attribution count every process either way."))
 
-    pod_resources_socket: Path | None = Field(POD_RESOURCES_SOCKET, description=(
+    pod_resources_socket: Path | None = Field(Path(wire.POD_RESOURCES_SOCKET), description=(
         "The kubelet's pod-resources gRPC socket, read for the pod, namespace and container holding each GPU "
         "(used when it exists; empty or null: off). An exporter whose own pod (POD_NAME/POD_NAMESPACE) holds GPUs "
         "reports only those."))

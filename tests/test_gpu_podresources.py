@@ -182,3 +182,20 @@ def test_the_standard_socket_absent_means_off_and_silent(gpus):
         gpu_collector.close()
     assert inventory.POD_RESOURCES_UP not in snapshot.families  # not a Kubernetes node: nothing to say
     assert len(series(snapshot, inventory.UP)) == 3
+
+
+def test_kubelet_gpu_ids_that_are_not_uuids_are_said_once(gpus, socket_dir, caplog):
+    indexes = [str(index) for index in range(len(gpus.gpus))]  # --device-id-strategy=index
+    with FakeKubelet(socket_dir / "kubelet.sock", indexes) as kubelet:
+        kubelet.pods[("team-a", "train-a-worker-0")] = {"ray-worker": ["0"]}
+        gpu_collector = collector(gpus, kubelet.socket, static_refresh_seconds=0.01)
+        try:
+            with caplog.at_level(logging.WARNING):
+                first = run(gpu_collector)
+                time.sleep(0.02)  # past the static refresh: enumerated again
+                run(gpu_collector)
+        finally:
+            gpu_collector.close()
+    assert first.value(inventory.POD_RESOURCES_UP) == 1
+    assert series(first, inventory.UP) == {gpu.uuid: dict(NO_OWNER) for gpu in gpus.gpus}
+    assert len([r for r in caplog.records if "device-id-strategy" in r.getMessage()]) == 1

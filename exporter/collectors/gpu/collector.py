@@ -124,6 +124,7 @@ class GpuCollector(BlockingCollector):
         if static_due or count != self._count or any(d.lost for d in self._devices.values()):
             self._enumerate(count)
             self._count = count
+            self._owners.check_ids(self._devices)
         # Every run, not only after enumerations: restarts a watcher whose thread has ended.
         self._watcher.watch([WatchedGpu(d.index, d.uuid, d.handle) for d in self._devices.values() if not d.lost])
         table: dict[int, list[GpuProcessUsage]] = {}

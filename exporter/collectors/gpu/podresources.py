@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from exporter.config import POD_RESOURCES_SOCKET
+from exporter.contract import wire
 from exporter.framework.shared import UNKNOWN_OWNERS, GpuOwners
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def owners_from(response: Any, own_pod: tuple[str, str] | None) -> GpuOwners:
 
 def own_pod(environ: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
     """This exporter's pod from the downward API variables the manifests set (None outside a pod)."""
-    name, namespace = environ.get("POD_NAME", ""), environ.get("POD_NAMESPACE", "")
+    name, namespace = environ.get(wire.POD_NAME_ENV, ""), environ.get(wire.POD_NAMESPACE_ENV, "")
     return (namespace, name) if name and namespace else None
 
 
@@ -111,14 +111,15 @@ class PodResourcesReader:
         self._due = -float("inf")
         self._owners = UNKNOWN_OWNERS
         self.up: bool | None = None  # None: not in use (no socket at the standard path, or turned off)
-        self.allocatable: frozenset[str] = frozenset()
+        self.allocatable: frozenset[str] = frozenset()  # every nvidia.com/gpu id the kubelet can hand out
+        self._ids_said = False
 
     def read(self) -> GpuOwners:
         now = self._clock()
         if self.socket is None or now < self._due:
             return self._owners
         self._due = now + self.refresh_seconds
-        if self.up is None and self.socket == POD_RESOURCES_SOCKET and not self.socket.exists():
+        if self.up is None and self.socket == Path(wire.POD_RESOURCES_SOCKET) and not self.socket.exists():
             return self._owners  # not on a Kubernetes node: off, nothing to say
         try:
             response = self._call("List")
@@ -134,6 +135,16 @@ class PodResourcesReader:
             self.up = True
             self._owners = owners_from(response, self.own)
         return self._owners
+
+    def check_ids(self, uuids: Iterable[str]) -> None:
+        """Say once when the kubelet's GPU ids are not NVML's UUIDs (the device plugin's
+        `--device-id-strategy=index`): then no GPU can be matched to its pod."""
+        uuids = set(uuids)
+        if self.allocatable and uuids and self.allocatable.isdisjoint(uuids) and not self._ids_said:
+            self._ids_said = True
+            log.warning("the kubelet's %s ids (%s) are not GPU UUIDs: GPU series go without pod labels; run the "
+                        "NVIDIA device plugin with --device-id-strategy=uuid", GPU_RESOURCE,
+                        ", ".join(sorted(self.allocatable)[:4]))
 
     def _call(self, rpc: str) -> Any:
         request, response = (MESSAGES[name] for name in RPCS[rpc])
