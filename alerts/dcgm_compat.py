@@ -338,8 +338,10 @@ def render_doc() -> str:
         "`type`, `cause`, `direction`) where DCGM has one field each. Every family is in [metrics.md](metrics.md).",
         "- **Units**: ratios 0–1 instead of %, bytes instead of MiB, hertz instead of MHz, joules instead of mJ, "
         "seconds instead of ns; counters end in `_total`. (dcgm-exporter 4.9 moves to base units too.)",
-        "- **Labels**: a per-GPU series carries `gpu` (the NVML index) and `uuid`; the model, PCI bus id and "
-        "driver are labels of `raypulse_gpu_info`, joined when needed (below).",
+        "- **Labels**: a per-GPU series carries `gpu` (the NVML index), `uuid`, and the `pod`, `namespace` and "
+        "`container` holding the GPU (from the kubelet's pod-resources API, as dcgm-exporter's `--kubernetes`; "
+        "empty where no pod holds it); the model, PCI bus id and driver are labels of `raypulse_gpu_info`, "
+        "joined when needed (below).",
         "- **Profiling fields** (`DCGM_FI_PROF_*`) come from NVML's GPM on Hopper and newer, without SYS_ADMIN and "
         "without clashing with Nsight; older GPUs do not have them.",
         "- **Unsupported values are omitted**, never reported as 0, as dcgm-exporter drops DCGM's blank values.",

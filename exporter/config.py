@@ -116,10 +116,24 @@ class GpuSettings(_Strict):
         "with every restart), the largest device memory first; 0: none. raypulse_gpu_processes and the Ray "
         "job attribution count every process either way."))
 
+    pod_resources_socket: Path | None = Field(Path(wire.POD_RESOURCES_SOCKET), description=(
+        "The kubelet's pod-resources gRPC socket, read for the pod, namespace and container holding each GPU "
+        "(used when it exists; empty or null: off). An exporter whose own pod (POD_NAME/POD_NAMESPACE) holds GPUs "
+        "reports only those."))
+    pod_resources_refresh_seconds: float = Field(10.0, gt=0, le=3600, description="Seconds between reads of "
+                                                 "the pod-resources API; GPU owners are cached in between.")
+    pod_resources_timeout_seconds: float = Field(2.0, gt=0, le=30, description="Deadline of one pod-resources "
+                                                 "call; past it the GPU series go without pod labels.")
+
     @field_validator("simulate_model")
     @classmethod
     def _upper(cls, value: str) -> str:
         return value.upper()
+
+    @field_validator("pod_resources_socket", mode="before")
+    @classmethod
+    def _empty_is_off(cls, value: object) -> object:
+        return None if value == "" else value  # an env var cannot say null
 
 
 class OtlpSettings(_Strict):

@@ -35,7 +35,7 @@ from exporter.collectors.gpu.reader import NvmlDown
 from exporter.config import ConfigError, load_config
 from exporter.framework.catalog import CATALOG, MetricSpec
 from exporter.framework.collector import load_collectors
-from exporter.framework.shared import GpuProcessUsage, Shared
+from exporter.framework.shared import NO_OWNER, GpuProcessUsage, Shared
 from exporter.framework.snapshot import SampleSink, Snapshot
 from exporter.gpusim import control
 from exporter.gpusim.nvml import SimulatedNvml
@@ -82,7 +82,7 @@ class Rig:
         return sink.freeze(time.monotonic())
 
     def labels(self, index: int) -> dict[str, object]:
-        return {"gpu": index, "uuid": self.nvml.gpus[index].uuid}
+        return {"gpu": index, "uuid": self.nvml.gpus[index].uuid, **NO_OWNER}
 
     def value(self, snapshot: Snapshot, spec: MetricSpec, index: int, **labels: object) -> float | None:
         return snapshot.value(spec, **self.labels(index), **labels)
@@ -117,9 +117,10 @@ def families(snapshot: Snapshot) -> set[str]:
     return {spec.name for spec, _ in snapshot}
 
 
-def test_every_gpu_family_appears_on_simulated_gpus(rig):
+def test_every_gpu_family_appears_on_simulated_gpus(rig, tmp_path):
     seen: set[str] = set()
-    busy = rig(count=2, model="H100")
+    # A configured pod-resources socket that is absent: raypulse_gpu_pod_resources_up says 0.
+    busy = rig(count=2, model="H100", pod_resources_socket=str(tmp_path / "kubelet.sock"))
     busy.change(lambda d: (
         busy.gpu(0)(d).processes.extend([control.Process(pid=4242, memory_bytes=20 << 30, sm_utilization=0.6),
                                          control.Process(pid=4343, memory_bytes=2 << 30)]),
@@ -323,7 +324,7 @@ def _identity(snapshot: Snapshot, uuid: str) -> dict[str, str]:
     for labels, _ in snapshot.families[inventory.INFO]:
         info = dict(zip(inventory.INFO.labels, labels, strict=True))
         if info["uuid"] == uuid:
-            return {k: v for k, v in info.items() if k not in ("gpu", "uuid")}
+            return {k: v for k, v in info.items() if k not in ("gpu", "uuid", *NO_OWNER)}
     raise AssertionError(uuid)
 
 

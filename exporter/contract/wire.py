@@ -62,6 +62,11 @@ def metrics_path(names: Iterable[str]) -> str:
                          "ask for them in parts")
     return f"{METRICS_PATH}?{urllib.parse.urlencode([(METRICS_NAME_PARAM, name) for name in unique])}"
 
+# --- the kubelet's pod-resources API (which pod holds which GPU) and the pod's own name -------------
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"  # the kubelet serves kubelet.sock here (KEP-606)
+POD_RESOURCES_SOCKET = f"{POD_RESOURCES_DIR}/kubelet.sock"
+POD_NAME_ENV, POD_NAMESPACE_ENV = "POD_NAME", "POD_NAMESPACE"  # the downward API variables manifests set
+
 # --- node_exporter beside the exporter (the node-exporter-companion profile) ----------------------
 NODE_EXPORTER_PORT = 9100  # node_exporter's default --web.listen-address port
 NODE_EXPORTER_JOB = "node"  # the `job` its /sd targets get: what node-mixin's rules and dashboards select

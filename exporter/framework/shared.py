@@ -6,6 +6,7 @@ Slots, who writes them and who reads them:
 - gpu_processes: the gpu collector's per-process GPU use by pid -> ray_processes (GPU use per job)
 - gpu_events: how to read the XID watcher's counts; the gpu collector owns the watcher (it needs the
   NVML session), gpu_events publishes the counts, so they stay visible while gpu collection hangs
+- gpu_owners: the pod holding each GPU (kubelet pod-resources), read by the gpu collector -> gpu_events
 - progress: what training code reported; the exporter's progress endpoint writes it -> train
 - progress_endpoint_up: whether that endpoint listens -> train
 - service_discovery: the ray_head collector's view of every node's exporter -> the exporter's /sd
@@ -37,6 +38,28 @@ class Slot(Generic[T]):
 
     def get(self) -> T | None:
         return self._value
+
+
+OWNER_LABELS = ("pod", "namespace", "container")  # spelled once: the labels naming a GPU's pod
+NO_OWNER: Mapping[str, str] = MappingProxyType(dict.fromkeys(OWNER_LABELS, ""))
+
+
+@dataclass(frozen=True)
+class GpuOwners:
+    """GPU UUID -> the pod labels of the container holding it, and the GPUs this exporter reports."""
+
+    owners: Mapping[str, Mapping[str, str]]
+    # None: every GPU (a DaemonSet, or no pod-resources); else only these (a sidecar's own pod's GPUs)
+    mine: frozenset[str] | None = None
+
+    def labels(self, uuid: str) -> Mapping[str, str]:
+        return self.owners.get(uuid, NO_OWNER)
+
+    def reports(self, uuid: str) -> bool:
+        return self.mine is None or uuid in self.mine
+
+
+UNKNOWN_OWNERS = GpuOwners(MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -84,6 +107,7 @@ class Shared:
     progress: ProgressStore
     gpu_processes: Slot[ProcessTable] = field(default_factory=Slot)
     gpu_events: Slot[Callable[[], GpuEvents]] = field(default_factory=Slot)
+    gpu_owners: Slot[GpuOwners] = field(default_factory=Slot)
     progress_endpoint_up: Slot[bool] = field(default_factory=Slot)
     service_discovery: Slot[ServiceDiscovery] = field(default_factory=Slot)
 

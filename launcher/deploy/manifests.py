@@ -57,7 +57,7 @@ PORT_NAME = "metrics"
 READY_PATH = "/readyz"  # exporter/serving/server.py serves it; contract/wire.py names no constant for it yet
 # Where the host's file systems appear in the container, as node_exporter's manifests put them.
 HOST_PROC, HOST_SYS, HOST_ROOT = "/host/proc", "/host/sys", "/host/root"
-POD_RESOURCES = "/var/lib/kubelet/pod-resources"  # the kubelet's PodResources gRPC socket (kubelet.sock)
+POD_RESOURCES = wire.POD_RESOURCES_DIR  # the kubelet's PodResources gRPC socket (kubelet.sock)
 # kube-prometheus-stack's Grafana sidecar loads ConfigMaps with this label (its default `sidecar.dashboards.label`).
 DASHBOARD_LABEL = "grafana_dashboard"
 DASHBOARD_FOLDER_ANNOTATION = "grafana_folder"  # the sidecar's usual `folderAnnotation`

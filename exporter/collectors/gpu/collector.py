@@ -35,6 +35,7 @@ from exporter.collectors.gpu import (
     mig,
     nvlink,
     pcie,
+    podresources,
     power,
     processes,
     thermal,
@@ -56,7 +57,7 @@ from exporter.collectors.gpu.session import NvmlSession
 from exporter.collectors.gpu.xid_watcher import WatchedGpu, XidWatcher
 from exporter.config import ExporterConfig
 from exporter.framework.collector import BlockingCollector, register
-from exporter.framework.shared import NO_PROCESSES, GpuProcessUsage, Shared
+from exporter.framework.shared import NO_PROCESSES, GpuOwners, GpuProcessUsage, Shared
 from exporter.framework.snapshot import SampleSink
 
 # Static reads go in this order: gpm and processes use what nvlink's static read found.
@@ -90,21 +91,27 @@ class GpuCollector(BlockingCollector):
         self.shared.gpu_events.publish(self._watcher.state)
         # pid -> its use of each GPU, replaced whole at the end of each run (empty while NVML is down).
         self.shared.gpu_processes.publish(NO_PROCESSES)
+        self._owners = podresources.PodResourcesReader(
+            self.settings.pod_resources_socket, refresh_seconds=self.settings.pod_resources_refresh_seconds,
+            timeout_seconds=self.settings.pod_resources_timeout_seconds, own=podresources.own_pod())
 
     # -- a run ------------------------------------------------------------------------------------
 
     def collect(self, out: SampleSink) -> None:
+        owners = self._owners.read()
+        self.shared.gpu_owners.publish(owners)
+        out.add(inventory.POD_RESOURCES_UP, self._owners.up)
         if not self._session.ensure():
             self.shared.gpu_processes.publish(NO_PROCESSES)
         else:
             try:
-                self._collect(out)
+                self._collect(out, owners)
             except NvmlDown as exc:
                 self._nvml_down(str(exc))
                 raise
         health.emit(out, self._session, self._errors, self._devices.values(), self.simulated)
 
-    def _collect(self, out: SampleSink) -> None:
+    def _collect(self, out: SampleSink, owners: GpuOwners) -> None:
         now = self._clock()
         count = self._device_count()
         out.add(inventory.DEVICES, count)
@@ -117,16 +124,23 @@ class GpuCollector(BlockingCollector):
         if static_due or count != self._count or any(d.lost for d in self._devices.values()):
             self._enumerate(count)
             self._count = count
+            self._owners.check_ids(self._devices)
         # Every run, not only after enumerations: restarts a watcher whose thread has ended.
         self._watcher.watch([WatchedGpu(d.index, d.uuid, d.handle) for d in self._devices.values() if not d.lost])
         table: dict[int, list[GpuProcessUsage]] = {}
         for device in sorted(self._devices.values(), key=lambda d: (d.lost, d.index)):
+            if not owners.reports(device.uuid):
+                continue  # a sidecar reports its own pod's GPUs; the node's others are their pods' business
+            if device.owner != (owner := owners.labels(device.uuid)):
+                device.owner = owner
+                device.static_read_at = None  # its static samples carry the old owner
             if not device.lost:
                 for usage in self._collect_device(device, now, out):
                     table.setdefault(usage.pid, []).append(usage)
             self._emit_identity(device, out)  # after the first read of a new GPU, which learns it
             out.add(inventory.UP, not device.lost, **device.labels)
-        processes.emit(out, (usage for uses in table.values() for usage in uses), self.settings.max_process_series)
+        processes.emit(out, (usage for uses in table.values() for usage in uses), self.settings.max_process_series,
+                       owners)
         self.shared.gpu_processes.publish(MappingProxyType({pid: tuple(uses) for pid, uses in table.items()}))
 
     def _device_count(self) -> int:
@@ -219,6 +233,7 @@ class GpuCollector(BlockingCollector):
     def close(self) -> None:
         # Called on the event loop at shutdown: wait briefly for the watcher's bounded wait, and
         # leave NVML initialized (process exit cleans up) rather than shut it down under the watcher.
+        self._owners.close()
         if self._watcher.stop(timeout=0.2):
             self._session.close()
 

@@ -6,10 +6,12 @@ while the UUID does not, so counters, the NOT_SUPPORTED cache and the XID counts
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.collectors.gpu.counters import CounterSet
+from exporter.framework.shared import NO_OWNER
 
 
 @dataclass
@@ -42,10 +44,12 @@ class GpuDevice:
     process_timestamp_us: int = 0
     process_names: dict[int, str] = field(default_factory=dict)
     collection_seconds: float | None = None
+    # pod, namespace, container holding it (kubelet pod-resources), set every run; empty when unknown
+    owner: Mapping[str, str] = field(default_factory=lambda: NO_OWNER)
 
     @property
     def labels(self) -> dict[str, object]:
-        return {"gpu": self.index, "uuid": self.uuid}
+        return {"gpu": self.index, "uuid": self.uuid, **self.owner}
 
     def mark_lost(self) -> None:
         if not self.lost:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from exporter.collectors.gpu.families import GPU_LABELS
 from exporter.framework.catalog import counter, gauge
 from exporter.framework.collector import AsyncCollector, register
+from exporter.framework.shared import UNKNOWN_OWNERS
 from exporter.framework.snapshot import SampleSink
 
 NAME = "gpu_events"
@@ -43,10 +44,13 @@ class GpuEventsCollector(AsyncCollector):
         out.add(WATCHER_UP, state is not None and state.up)
         if state is None:
             return
+        owners = self.shared.gpu_owners.get() or UNKNOWN_OWNERS
         for (index, uuid, xid), (count, last) in state.xids.items():
-            out.add(XID_ERRORS, count, gpu=index, uuid=uuid, xid=xid)
-            out.add(XID_LAST, last, gpu=index, uuid=uuid, xid=xid)
+            if owners.reports(uuid):
+                out.add(XID_ERRORS, count, gpu=index, uuid=uuid, **owners.labels(uuid), xid=xid)
+                out.add(XID_LAST, last, gpu=index, uuid=uuid, **owners.labels(uuid), xid=xid)
         for (index, uuid, kind), count in state.events.items():
-            out.add(EVENTS, count, gpu=index, uuid=uuid, type=kind)
+            if owners.reports(uuid):
+                out.add(EVENTS, count, gpu=index, uuid=uuid, **owners.labels(uuid), type=kind)
         for error, count in state.errors.items():
             out.add(WATCHER_ERRORS, count, error=error)

@@ -1,12 +1,14 @@
 """Shorthands for declaring GPU families: the `raypulse_gpu_` prefix, the collector, and the
-`gpu` (NVML index) + `uuid` labels every per-GPU series carries."""
+`gpu` (NVML index) + `uuid` labels every per-GPU series carries, with the `pod`, `namespace` and
+`container` holding the GPU (empty when no kubelet pod-resources API says, or no pod holds it)."""
 
 from __future__ import annotations
 
 from exporter.framework.catalog import MetricSpec, counter, gauge, info
+from exporter.framework.shared import OWNER_LABELS
 
 COLLECTOR = "gpu"
-GPU_LABELS = ("gpu", "uuid")
+GPU_LABELS = ("gpu", "uuid", *OWNER_LABELS)
 # Why a per-GPU family can be absent even on a healthy GPU node.
 WHEN_UP = "while NVML is up and the GPU answers (omitted for a lost GPU)"
 

@@ -17,6 +17,10 @@ INFO = gpu_info("info", "Identity of a GPU; join on uuid for its name, PCI bus i
                 "simulated is true for the GPU simulator.",
                 ("name", "pci_bus_id", "serial", "vbios_version", "driver_version", "cuda_driver_version",
                  "compute_capability", "architecture", "brand", "simulated"), only_when=_ENUMERATED)
+POD_RESOURCES_UP = gauge("raypulse_gpu_pod_resources_up", "1 when the kubelet's pod-resources API last "
+                         "answered (GPU series carry pod, namespace, container), 0 when it failed (they go "
+                         "without).", collector=COLLECTOR,
+                         only_when="when the pod-resources socket exists or was configured (Kubernetes nodes)")
 DEVICES = gauge("raypulse_gpu_devices", "GPUs NVML enumerates now.", collector=COLLECTOR,
                 only_when="while NVML is up")
 UP = gpu_gauge("up", "1 if the GPU answered this run, 0 if it is lost (GPU_IS_LOST: fallen off the bus, or "

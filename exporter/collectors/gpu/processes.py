@@ -14,7 +14,7 @@ from typing import Any
 from exporter.collectors.gpu.families import COLLECTOR, gpu_gauge, gpu_info
 from exporter.collectors.gpu.reader import Area, DeviceReader, Sink
 from exporter.framework.catalog import gauge
-from exporter.framework.shared import GpuProcessUsage
+from exporter.framework.shared import UNKNOWN_OWNERS, GpuOwners, GpuProcessUsage
 
 _MAX_NAME = 64
 _WITH_PROCESSES = "while a process uses the GPU"
@@ -92,12 +92,12 @@ def _read(r: DeviceReader) -> None:
         r.processes.append(usage)  # its series come from emit(), once every GPU of the node is read
 
 
-def emit(out: Sink, usages: Iterable[GpuProcessUsage], limit: int) -> None:
+def emit(out: Sink, usages: Iterable[GpuProcessUsage], limit: int, owners: GpuOwners = UNKNOWN_OWNERS) -> None:
     """Per-process series for the `limit` (GPU, process) pairs holding the most device memory on the
     node: a bound for the node, not per GPU, since pids churn series with every restart."""
     ranked = sorted(usages, key=lambda u: (-(u.used_memory_bytes or 0), u.gpu, u.pid))
     for usage in ranked[:limit]:
-        labels = {"gpu": usage.gpu, "uuid": usage.uuid, "pid": usage.pid}
+        labels = {"gpu": usage.gpu, "uuid": usage.uuid, **owners.labels(usage.uuid), "pid": usage.pid}
         out.add(INFO, 1, **labels, process_name=usage.process_name)
         out.add(MEMORY_USED, usage.used_memory_bytes, **labels)
         out.add(SM_UTILIZATION, usage.sm_utilization, **labels)

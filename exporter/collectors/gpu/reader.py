@@ -127,10 +127,10 @@ class DeviceReader:
         self.fields = fields or {}
         self.failed = False
         self.processes: list[Any] = []  # the processes area's GpuProcessUsage entries
-        self._gpu, self._uuid = str(device.index), device.uuid
+        self._labels = device.labels
 
     def add(self, spec: MetricSpec, value: float | int | bool | None, **labels: object) -> None:
-        self.out.add(spec, value, gpu=self._gpu, uuid=self._uuid, **labels)
+        self.out.add(spec, value, **self._labels, **labels)
 
     def call(self, name: str, *args: Any, key: Hashable | None = None, handle: Any = None,
              not_found: Any = _RAISE) -> Any:
