@@ -81,6 +81,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "pod_template": "pod_template",
     "no_sidecar": "sidecar",
     "no_share_process_namespace": "share_process_namespace",
+    "pod_resources": "pod_resources",
     "queue": "queue",
     "release": "release",
     "exporter_image": "exporter_image",
@@ -367,6 +368,8 @@ def spec_options(func: Callable) -> Callable:
         click.option("--no-sidecar", is_flag=True, help="No exporter sidecar in the Ray pods (and no PodMonitor)."),
         click.option("--no-share-process-namespace", is_flag=True, help="Ray pods without shareProcessNamespace "
                      "(the sidecar then sees no Ray process)."),
+        click.option("--pod-resources", is_flag=True, help="Mount the kubelet's pod-resources socket "
+                     "into GPU pods' sidecars: each reports only its pod's GPUs (a hostPath volume)."),
         click.option("--queue", help="Kueue LocalQueue (adds kueue.x-k8s.io/queue-name)."),
         click.option("--release", metavar="NAME", help="kube-prometheus-stack's Helm release: the PodMonitor gets "
                      "release=NAME, which its Prometheus selects on."),

@@ -271,6 +271,9 @@ class JobSpec(_Strict):
     share_process_namespace: bool = Field(True, description="the Ray pods share one process namespace "
                                           "(shareProcessNamespace), so the exporter sidecar sees Ray's processes "
                                           "(Kubernetes; off: no per-process series from the sidecar)")
+    pod_resources: bool = Field(False, description="mount the kubelet's pod-resources socket into the sidecars of GPU "
+                                "pods, so each reports only its own pod's GPUs, with their pod labels (Kubernetes; a "
+                                "hostPath volume: the namespace's Pod Security level must allow it)")
     queue: str | None = Field(None, description="Kueue LocalQueue name")
     release: str | None = Field(None, description="kube-prometheus-stack's Helm release: the PodMonitor gets the "
                                 "`release` label its Prometheus selects on")

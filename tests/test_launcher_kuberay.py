@@ -22,6 +22,7 @@ import yaml
 
 from alerts.config import DEFAULT as ALERTS_CONFIG
 from exporter import __version__
+from exporter.contract import wire
 from launcher.backends.kuberay.render import render
 from launcher.deploy.manifests import Options
 from launcher.spec import build_spec
@@ -336,6 +337,34 @@ def test_sharing_the_process_namespace_can_be_turned_off(pod_template_validator,
                             cwd=REPO, env={**os.environ, "RAYPULSE_HOME": str(tmp_path)}, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "shareProcessNamespace" not in result.stdout
+
+
+def test_pod_resources_mounts_the_kubelets_socket_into_gpu_pods_sidecars_only(pod_template_validator, tmp_path: Path):
+    """`pod_resources` (--pod-resources, off by default: a hostPath volume) mounts the kubelet's pod-resources
+    directory read-only into the sidecars of GPU pods, where the exporter finds kubelet.sock at its standard
+    path (wire.POD_RESOURCES_SOCKET) and reports its own pod's GPUs; the head and CPU pods get nothing."""
+    _, plain, _ = manifests()
+    for pod, _ in sidecars(plain):
+        assert wire.POD_RESOURCES_DIR not in json.dumps(pod)
+    _, rayjob, _ = manifests(pod_resources=True)
+    head, gpu, cpu = sidecars(rayjob)
+    for pod, _ in (head, gpu, cpu):
+        assert not list(pod_template_validator.iter_errors(pod))
+    pod, sidecar = gpu
+    [mount] = [m for m in sidecar["volumeMounts"] if m["mountPath"] == wire.POD_RESOURCES_DIR]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["path"] == wire.POD_RESOURCES_DIR
+    assert wire.POD_RESOURCES_SOCKET.startswith(mount["mountPath"] + "/")
+    ray = next(c for c in pod["spec"]["containers"] if c["name"] != "raypulse-exporter")
+    assert all(m["name"] != mount["name"] for m in ray.get("volumeMounts", []))
+    for pod, _ in (head, cpu):
+        assert wire.POD_RESOURCES_DIR not in json.dumps(pod)
+    result = subprocess.run([sys.executable, "-m", "launcher", "render", "--run-id", "podres-1", "--worker-gpus", "1",
+                             "--pod-resources", "--", "python train.py"], capture_output=True, text=True,
+                            cwd=REPO, env={**os.environ, "RAYPULSE_HOME": str(tmp_path)}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert wire.POD_RESOURCES_DIR in result.stdout
 
 
 def test_the_pod_monitor_validates_and_relabels_to_the_label_contract(pod_monitor_validator):

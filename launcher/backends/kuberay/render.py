@@ -62,6 +62,7 @@ WEB_CONFIG_KEY = "web-config.yml"  # the Secret's key holding the web config
 CA_KEY = "ca.crt"  # the Secret's key the PodMonitor verifies the exporters' certificates with
 TLS_SERVER_NAME = "raypulse-exporter"  # the name the exporters' certificate must carry (a DNS SAN)
 TMP_VOLUME = "raypulse-tmp"
+POD_RESOURCES_VOLUME = "raypulse-pod-resources"  # the kubelet's socket: which pod holds which GPU
 RAY_CLUSTER_LABEL = "ray.io/cluster"  # KubeRay puts the RayCluster's name on every pod of it
 CLUSTER_ENV = "RAYPULSE_RAY_CLUSTER"  # the sidecar's --cluster, from that label (downward API)
 # GPU visibility without a GPU request (a request would take GPUs from the Ray container). With the
@@ -122,6 +123,8 @@ def _exporter_sidecar(spec: JobSpec, role: str, dashboard: str, secret: str, gpu
     if not gpus:
         args += [arg for name in NO_GPU_COLLECTORS for arg in ("--disable-collector", name)]
     mounts = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
+    if _pod_resources(spec, gpus):
+        mounts.append({"name": POD_RESOURCES_VOLUME, "mountPath": wire.POD_RESOURCES_DIR, "readOnly": True})
     scheme = "HTTP"
     if spec.exporter_web_config_secret:
         args += ["--web-config", f"{WEB_CONFIG_MOUNT}/{WEB_CONFIG_KEY}"]
@@ -157,8 +160,17 @@ def _exporter_sidecar(spec: JobSpec, role: str, dashboard: str, secret: str, gpu
     }
 
 
-def _sidecar_volumes(spec: JobSpec) -> list[dict[str, Any]]:
+def _pod_resources(spec: JobSpec, gpus: int) -> bool:
+    """A GPU pod's sidecar reads the kubelet's pod-resources socket (`pod_resources`, off by default: a hostPath
+    volume, which Pod Security's baseline level forbids), so it reports its own pod's GPUs alone, not the node's."""
+    return spec.pod_resources and gpus > 0
+
+
+def _sidecar_volumes(spec: JobSpec, gpus: int) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}]
+    if _pod_resources(spec, gpus):
+        volumes.append({"name": POD_RESOURCES_VOLUME,
+                        "hostPath": {"path": wire.POD_RESOURCES_DIR, "type": "Directory"}})
     if spec.exporter_web_config_secret:
         volumes.append({"name": WEB_CONFIG_VOLUME,
                         # Readable by the sidecar's user without an fsGroup (which would chown the Ray
@@ -277,7 +289,7 @@ def _worker_group(spec: JobSpec, group: WorkerGroup, labels: dict[str, str], nod
     }
     if spec.sidecar:
         containers.append(_exporter_sidecar(spec, "worker", dashboard, secret, gpus=group.gpus))
-        pod["spec"].update(volumes=_sidecar_volumes(spec), **_process_namespace(spec))
+        pod["spec"].update(volumes=_sidecar_volumes(spec, group.gpus), **_process_namespace(spec))
     selector = {"spec": {"nodeSelector": group.node_selector}} if group.node_selector else None
     return {
         "groupName": group.name,
@@ -342,7 +354,7 @@ def render(spec: JobSpec, token: str | None = None, release: str | None = None,
                                 "spec": {"containers": head_containers}}
     if spec.sidecar:
         head_containers.append(_exporter_sidecar(spec, "head", head_dashboard, secret, gpus=0))
-        head_pod["spec"].update(volumes=_sidecar_volumes(spec), **_process_namespace(spec))
+        head_pod["spec"].update(volumes=_sidecar_volumes(spec, 0), **_process_namespace(spec))
     worker_groups = [_worker_group(spec, group, labels, node_labels, worker_dashboard, secret)
                      for group in spec.worker_groups]
     ray_version = importlib.metadata.version("ray")
