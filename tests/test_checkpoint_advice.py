@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from exporter.contract import digest
 from launcher import checkpoint_advice as advice
 from launcher.state import AttemptRecord, RunRecord
 
@@ -89,3 +90,14 @@ def test_a_given_mtbf_advises_and_flags_checkpoints_too_rare():
     text = advice.describe(got)
     assert "Young-Daly interval 98 s" in text
     assert "checkpoints too rare" in text
+
+
+def test_the_digest_carries_the_slowest_save_the_newest_and_the_count_and_an_old_one_parses():
+    labels = [{"submission_id": "sub", "rank": str(rank)} for rank in (0, 1)]
+    made = digest.build([(digest.CHECKPOINT_SECONDS, labels[0], 4.0), (digest.CHECKPOINT_SECONDS, labels[1], 6.5),
+                         (digest.CHECKPOINT_TIME, labels[0], 1000.0), (digest.CHECKPOINT_TIME, labels[1], 1001.0),
+                         (digest.CHECKPOINTS, labels[0], 3.0), (digest.CHECKPOINTS, labels[1], 3.0)])
+    job = digest.NodeDigest.model_validate_json(digest.encode(made)).jobs["sub"]
+    assert (job.checkpoint_seconds, job.checkpoint_at, job.checkpoints) == (6.5, 1001.0, 3.0)
+    old = digest.NodeDigest.model_validate_json('{"v":1,"jobs":{"sub":{"checkpoint_step":40}}}').jobs["sub"]
+    assert (old.checkpoint_seconds, old.checkpoint_at, old.checkpoints) == (None, None, None)
