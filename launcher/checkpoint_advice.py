@@ -107,10 +107,23 @@ def redone_steps(record: RunRecord) -> int:
     return redone
 
 
-def advise(record: RunRecord, *, cost_s: float | None, interval_s: float | None, history: Iterable[RunRecord] = (),
-           mtbf_s: float | None = None, now: float | None = None) -> Advice:
-    """The advice for a run, given its checkpoint cost and interval (None: not measured) and, optionally,
-    a mean time between faults that overrides the one seen."""
+def measured(record: RunRecord) -> tuple[float | None, float | None]:
+    """The run's checkpoint cost and interval as its attempts' checks saw them (the newest attempt that
+    saw each); None where no save was timed, or fewer than two were seen."""
+    cost = next((item.checkpoint_seconds for item in reversed(record.attempts)
+                 if item.checkpoint_seconds is not None), None)
+    interval = next((item.checkpoint_interval_s for item in reversed(record.attempts)
+                     if item.checkpoint_interval_s is not None), None)
+    return cost, interval
+
+
+def advise(record: RunRecord, *, cost_s: float | None = None, interval_s: float | None = None,
+           history: Iterable[RunRecord] = (), mtbf_s: float | None = None, now: float | None = None) -> Advice:
+    """The advice for a run. Its checkpoint cost and interval are those measured (`measured`) unless
+    given; a given mean time between faults overrides the one seen."""
+    seen_cost, seen_interval = measured(record)
+    cost_s = seen_cost if cost_s is None else cost_s
+    interval_s = seen_interval if interval_s is None else interval_s
     own = run_faults(record, now)
     rate = FaultRate(0, 0.0) if mtbf_s is not None else fault_rate(record, history, now)
     mtbf = mtbf_s if mtbf_s is not None else rate.mtbf_s

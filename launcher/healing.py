@@ -435,6 +435,11 @@ class Healing:
                 item.first_step = min(seen.step.values())
                 item.first_step_at = min(seen.last_report.values(), default=newest)
         item.last_step, item.last_progress_at = step, newest
+        if seen.checkpoint_seconds is not None:
+            item.checkpoint_seconds = seen.checkpoint_seconds
+        if seen.checkpoints is not None and seen.checkpoint_at is not None:
+            item.last_checkpoint = (seen.checkpoints, seen.checkpoint_at)
+            item.first_checkpoint = item.first_checkpoint or item.last_checkpoint
         report: dict[str, Any] = {"effective_training_ratio": self.effective_training_ratio(),
                                   "hang_threshold_seconds": round(threshold.seconds, 1) if threshold else None}
         pending = self.pending

@@ -101,3 +101,12 @@ def test_the_digest_carries_the_slowest_save_the_newest_and_the_count_and_an_old
     assert (job.checkpoint_seconds, job.checkpoint_at, job.checkpoints) == (6.5, 1001.0, 3.0)
     old = digest.NodeDigest.model_validate_json('{"v":1,"jobs":{"sub":{"checkpoint_step":40}}}').jobs["sub"]
     assert (old.checkpoint_seconds, old.checkpoint_at, old.checkpoints) == (None, None, None)
+
+
+def test_the_cost_and_interval_are_those_the_newest_attempt_saw():
+    run = _run("r", [(0, 100), (100, 400)])
+    run.attempts[0].checkpoint_seconds = 9.0
+    run.attempts[0].first_checkpoint, run.attempts[0].last_checkpoint = (1.0, 20.0), (3.0, 80.0)
+    run.attempts[1].first_checkpoint, run.attempts[1].last_checkpoint = (1.0, 130.0), (4.0, 220.0)
+    assert advice.measured(run) == (9.0, 30.0)
+    assert advice.advise(run, mtbf_s=900.0).interval_s == 30.0
