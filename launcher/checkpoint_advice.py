@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from launcher.state import RunRecord
+from launcher.state import RunRecord, list_runs
 
 MIN_FAULTS = 2  # one fault is an anecdote, not a rate
 
@@ -117,6 +117,13 @@ def measured(record: RunRecord) -> tuple[float | None, float | None]:
     return cost, interval
 
 
+def for_run(record: RunRecord, mtbf_s: float | None = None) -> Advice | None:
+    """The advice the summary and report show, pooling the runs under $RAYPULSE_HOME; None for a run
+    with nothing to advise on (no save timed and no fault: a job that does not checkpoint)."""
+    advice = advise(record, history=list_runs(), mtbf_s=mtbf_s)
+    return advice if advice.cost_s is not None or run_faults(record).faults else None
+
+
 def advise(record: RunRecord, *, cost_s: float | None = None, interval_s: float | None = None,
            history: Iterable[RunRecord] = (), mtbf_s: float | None = None, now: float | None = None) -> Advice:
     """The advice for a run. Its checkpoint cost and interval are those measured (`measured`) unless
@@ -141,17 +148,25 @@ def advise(record: RunRecord, *, cost_s: float | None = None, interval_s: float 
     return Advice(cost_s, interval_s, mtbf, rate.faults, redone, advised, loss_used, loss_advised)
 
 
-def describe(advice: Advice) -> str:
-    """The summary's and report's lines."""
+def facts(advice: Advice) -> list[tuple[str, str]]:
+    """The advice as (what, value) rows: the report's table, the summary's line."""
     if advice.why:
-        return f"checkpoint advice: {advice.why}"
-    parts = [f"checkpoint cost {advice.cost_s:.1f} s",
-             f"interval used {advice.interval_s:.0f} s" if advice.interval_s else "interval used unknown",
-             f"{advice.redone_steps} steps redone",
-             f"mean time between faults {advice.mtbf_s:.0f} s ({advice.faults} faults)",
-             f"Young-Daly interval {advice.advised_s:.0f} s"]
+        return [("checkpoint advice", advice.why)]
+    used = f"{advice.interval_s:.0f} s" if advice.interval_s else "unknown (fewer than 2 saves seen)"
+    rows = [("checkpoint cost", f"{advice.cost_s:.1f} s"), ("interval used", used),
+            ("steps redone", f"{advice.redone_steps}"),
+            ("mean time between faults", f"{advice.mtbf_s:.0f} s" + (f" ({advice.faults} faults)" if advice.faults else
+                                                                      " (given)")),
+            ("Young-Daly interval", f"{advice.advised_s:.0f} s")]
     if advice.loss_used_s is not None and advice.loss_advised_s is not None:
-        parts.append(f"expected loss {advice.loss_used_s:.0f} s at the interval used, {advice.loss_advised_s:.0f} s "
-                     "at the advised one")
-    text = "checkpoint advice: " + ", ".join(parts)
-    return text + (" - checkpoints too rare for this fault rate" if advice.too_rare else "")
+        rows.append(("expected loss", f"{advice.loss_used_s:.0f} s at the interval used, {advice.loss_advised_s:.0f} s "
+                                      "at the advised one"))
+    if advice.too_rare:
+        rows.append(("verdict", "checkpoints too rare for this fault rate"))
+    return rows
+
+
+def describe(advice: Advice) -> str:
+    """The end-of-run summary's line."""
+    return "checkpoint advice: " + ", ".join(value if what in ("checkpoint advice", "verdict") else f"{what} {value}"
+                                             for what, value in facts(advice))
