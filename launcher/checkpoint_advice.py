@@ -117,10 +117,12 @@ def measured(record: RunRecord) -> tuple[float | None, float | None]:
     return cost, interval
 
 
-def for_run(record: RunRecord, mtbf_s: float | None = None) -> Advice | None:
-    """The advice the summary and report show, pooling the runs under $RAYPULSE_HOME; None for a run
-    with nothing to advise on (no save timed and no fault: a job that does not checkpoint)."""
-    advice = advise(record, history=list_runs(), mtbf_s=mtbf_s)
+def for_run(record: RunRecord, history: Iterable[RunRecord] | None = None,
+            mtbf_s: float | None = None) -> Advice | None:
+    """The advice the summary, report and gauges show, pooling the runs under $RAYPULSE_HOME (`history`,
+    read when not given); None for a run with nothing to advise on (no save timed and no fault: a job
+    that does not checkpoint)."""
+    advice = advise(record, history=list_runs() if history is None else history, mtbf_s=mtbf_s)
     return advice if advice.cost_s is not None or run_faults(record).faults else None
 
 
