@@ -122,6 +122,8 @@ def for_run(record: RunRecord, history: Iterable[RunRecord] | None = None,
     """The advice the summary, report and gauges show, pooling the runs under $RAYPULSE_HOME (`history`,
     read when not given); None for a run with nothing to advise on (no save timed and no fault: a job
     that does not checkpoint)."""
+    if mtbf_s is None:  # the run's health.mtbf_seconds, when its spec gave one
+        mtbf_s = (record.spec.get("health") or {}).get("mtbf_seconds")
     advice = advise(record, history=list_runs() if history is None else history, mtbf_s=mtbf_s)
     return advice if advice.cost_s is not None or run_faults(record).faults else None
 

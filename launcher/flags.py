@@ -98,6 +98,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "on_nonfinite_loss": "health.on_nonfinite_loss",
     "no_stacks": "health.stacks",
     "cordon_nodes": "health.cordon_nodes",
+    "mtbf": "health.mtbf_seconds",
 }
 NEGATIONS = {"no_health", "no_stacks", "no_sidecar", "fixed_hang"}  # flags that turn a default-on field off
 WORKER_SHORTHANDS = {"workers": "count", "worker_cpus": "cpus", "worker_gpus": "gpus", "worker_memory": "memory",
@@ -381,6 +382,8 @@ def spec_options(func: Callable) -> Callable:
         click.option("--hang-after", type=float, metavar="SECONDS",
                      help=f"No progress from any rank for this long is a hang [{default('hang_after')}, as the "
                      "alert rule]; the most a threshold learned from the run's pace may be."),
+        click.option("--mtbf", type=float, metavar="SECONDS", help="Mean time between faults for the checkpoint "
+                     "advice [the one seen in this run and the finished runs under $RAYPULSE_HOME]."),
         click.option("--fixed-hang", is_flag=True, help="Judge a hang by --hang-after only, not by a threshold "
                      "learned from the run's pace (10 x its p99 report interval, at least 60 s)."),
         click.option("--silence-after", type=float, metavar="SECONDS",

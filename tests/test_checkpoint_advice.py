@@ -110,3 +110,13 @@ def test_the_cost_and_interval_are_those_the_newest_attempt_saw():
     run.attempts[1].first_checkpoint, run.attempts[1].last_checkpoint = (1.0, 130.0), (4.0, 220.0)
     assert advice.measured(run) == (9.0, 30.0)
     assert advice.advise(run, mtbf_s=900.0).interval_s == 30.0
+
+
+def test_the_runs_own_spec_can_give_the_mean_time_between_faults(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RAYPULSE_HOME", str(tmp_path))
+    run = _run("r", [(0, 3000)])
+    run.attempts[0].checkpoint_seconds = 8.0
+    run.spec = {"health": {"mtbf_seconds": 600.0}}
+    got = advice.for_run(run)
+    assert got is not None
+    assert got.advised_s == pytest.approx(math.sqrt(2 * 8.0 * 600.0))
