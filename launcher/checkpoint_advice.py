@@ -21,9 +21,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from launcher.exitcodes import ExitCode
 from launcher.state import RunRecord, list_runs
 
 MIN_FAULTS = 2  # one fault is an anecdote, not a rate
+# Final run states whose last attempt ended in a fault (a stop or a deadline is not one).
+FAULTY_ENDS = frozenset(code.name for code in (ExitCode.FAILED, ExitCode.UNHEALTHY, ExitCode.INFRA_ERROR,
+                                               ExitCode.REPEATED_FAILURE))
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def run_faults(record: RunRecord, now: float | None = None) -> FaultRate:
         if began is not None:
             seconds += max(0.0, (attempt.ended_at if attempt.ended_at is not None else now) - began)
     faults = max(0, len(record.attempts) - 1)
-    if record.attempts and record.state in ("FAILED", "UNHEALTHY", "INFRA_ERROR"):
+    if record.attempts and record.state in FAULTY_ENDS:
         faults += 1
     return FaultRate(faults, seconds)
 
