@@ -21,10 +21,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from alerts.config import DEFAULT as ALERTS
 from launcher.exitcodes import ExitCode
 from launcher.state import RunRecord, list_runs
 
 MIN_FAULTS = 2  # one fault is an anecdote, not a rate
+# Over this many times the advised interval is "too rare": the alert rule's ratio, so the two agree.
+TOO_RARE = ALERTS.tune("RaypulseRunCheckpointsTooRare").ratio
 # Final run states whose last attempt ended in a fault (a stop or a deadline is not one).
 FAULTY_ENDS = frozenset(code.name for code in (ExitCode.FAILED, ExitCode.UNHEALTHY, ExitCode.INFRA_ERROR,
                                                ExitCode.REPEATED_FAILURE))
@@ -59,8 +62,9 @@ class Advice:
 
     @property
     def too_rare(self) -> bool:
-        """The interval used is over twice the advised one: checkpoints too rare for this fault rate."""
-        return self.interval_s is not None and self.advised_s is not None and self.interval_s > 2 * self.advised_s
+        """The interval used is over TOO_RARE times the advised one: checkpoints too rare for this fault rate."""
+        return self.interval_s is not None and self.advised_s is not None and \
+            self.interval_s > TOO_RARE * self.advised_s
 
 
 def young_daly_s(cost_s: float, mtbf_s: float) -> float:
