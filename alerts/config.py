@@ -154,6 +154,8 @@ TUNING: dict[str, Tune] = {
     "RaypulseTrainingLossNonFinite": tune("0s", window="15m"),
     "RaypulseTrainingLossSpike": tune("2m", baseline="1h", skip="5m", zscore=6.0),
     "RaypulseTrainingCheckpointTooOld": tune("0s", age="2h"),
+    # a launcher run's checkpoint interval over ratio x the Young-Daly one (launcher/checkpoint_advice.py)
+    "RaypulseRunCheckpointsTooRare": tune("15m", ratio=2.0),
     "RaypulseTrainingStragglerRank": tune("10m", window="10m", ratio=0.5),  # rank speed vs. the job's median
     # RL post-training (what an RL loop reports through progress.phase / progress.report_iteration)
     # skip > window + for: the baseline stays clear of the drop for as long as the alert is pending

@@ -23,7 +23,7 @@ import psutil
 
 from exporter import __version__, outputflag
 from exporter.outputflag import format_option
-from launcher import api, detach, redact, target
+from launcher import api, checkpoint_advice, detach, redact, target
 from launcher.backends.base import Backend, HandedOff
 from launcher.backends.existing import client_for
 from launcher.backends.kuberay import render as kuberay
@@ -157,6 +157,9 @@ def submit(file: Path | None, no_wait: bool, output: str, **options: Any) -> Non
         return
     record = handle.wait()
     reporter.info(_summary(record))
+    advice = checkpoint_advice.for_run(record)
+    if advice is not None:
+        reporter.info(checkpoint_advice.describe(advice))
     reporter.close()
     if output == "json":
         _print_run(record)

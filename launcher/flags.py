@@ -101,6 +101,7 @@ SPEC_OPTIONS: dict[str, str] = {
     "on_nonfinite_loss": "health.on_nonfinite_loss",
     "no_stacks": "health.stacks",
     "cordon_nodes": "health.cordon_nodes",
+    "mtbf": "health.mtbf_seconds",
 }
 # flags that turn a default-on field off
 NEGATIONS = {"no_health", "no_stacks", "no_sidecar", "no_share_process_namespace", "fixed_hang"}
@@ -393,6 +394,8 @@ def spec_options(func: Callable) -> Callable:
         click.option("--hang-after", type=float, metavar="SECONDS",
                      help=f"No progress from any rank for this long is a hang [{default('hang_after')}, as the "
                      "alert rule]; the most a threshold learned from the run's pace may be."),
+        click.option("--mtbf", type=float, metavar="SECONDS", help="Mean time between faults for the checkpoint "
+                     "advice [the one seen in this run and the finished runs under $RAYPULSE_HOME]."),
         click.option("--fixed-hang", is_flag=True, help="Judge a hang by --hang-after only, not by a threshold "
                      "learned from the run's pace (10 x its p99 report interval, at least 60 s)."),
         click.option("--silence-after", type=float, metavar="SECONDS",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.contract import wire
+from launcher import checkpoint_advice
 from launcher.health import stacks
 from launcher.health.exporters import TargetSource
 from launcher.health.faults import Attempt, Fault, Progress
@@ -35,7 +36,7 @@ from launcher.health.threshold import Threshold
 from launcher.health.watcher import Watcher
 from launcher.journal import Journal
 from launcher.raydash import RayDashboard
-from launcher.state import AttemptRecord, RunRecord
+from launcher.state import AttemptRecord, RunRecord, list_runs
 
 LOST_NODE_GRACE_S = 5.0  # after a failed attempt, how long a node's death may take to show
 PUBLISH_TIMEOUT_S = 1.0
@@ -101,6 +102,7 @@ class Healing:
         self._slow_said = False
         self._fallback_said = False  # the watcher reads another source than the Prometheus asked for, said once
         self._thresholds_said: dict[str | None, Threshold] = {}  # by phase (None: between reports)
+        self._history: list[RunRecord] | None = None  # the runs under $RAYPULSE_HOME, read once (advice)
 
     # --- an attempt's life ---------------------------------------------------------------------------
 
@@ -450,8 +452,14 @@ class Healing:
                 item.first_step = min(seen.step.values())
                 item.first_step_at = min(seen.last_report.values(), default=newest)
         item.last_step, item.last_progress_at = step, newest
+        if seen.checkpoint_seconds is not None:
+            item.checkpoint_seconds = seen.checkpoint_seconds
+        if seen.checkpoints is not None and seen.checkpoint_at is not None:
+            item.last_checkpoint = (seen.checkpoints, seen.checkpoint_at)
+            item.first_checkpoint = item.first_checkpoint or item.last_checkpoint
         report: dict[str, Any] = {"effective_training_ratio": self.effective_training_ratio(),
-                                  "hang_threshold_seconds": round(threshold.seconds, 1) if threshold else None}
+                                  "hang_threshold_seconds": round(threshold.seconds, 1) if threshold else None,
+                                  **self._checkpoint_report()}
         pending = self.pending
         if pending is not None and pending.fault is not self.stopped_by:
             self.pending = None
@@ -464,6 +472,17 @@ class Healing:
                               resumed_from=item.resumed_from_step, **recovery)
             report.update(recovery)
         self._publish(report)
+
+    def _checkpoint_report(self) -> dict[str, float | None]:
+        """The checkpoint interval in use and the one advised for the fault rate (launcher/checkpoint_advice.py)."""
+        if self._history is None:
+            self._history = [run for run in list_runs() if run.finished_at is not None]
+        advice = checkpoint_advice.for_run(self.record, self._history)
+        if advice is None:
+            return {}
+        return {key: round(value, 1) if value else None for key, value in
+                (("checkpoint_interval_seconds", advice.interval_s),
+                 ("checkpoint_advised_interval_seconds", advice.advised_s))}
 
     def _publish(self, fields: dict[str, Any]) -> None:
         """The run's health as metrics, through the head exporter's progress endpoint (best effort: it

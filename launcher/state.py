@@ -289,6 +289,19 @@ class AttemptRecord(BaseModel):
     first_step_at: float | None = None
     last_step: int | None = None
     last_progress_at: float | None = None
+    # Checkpoints as the watcher saw them (launcher/checkpoint_advice.py): the newest save's cost (its
+    # slowest rank's), and (saves a rank made, the newest save's time) when first and last seen.
+    checkpoint_seconds: float | None = None
+    first_checkpoint: tuple[float, float] | None = None
+    last_checkpoint: tuple[float, float] | None = None
+
+    @property
+    def checkpoint_interval_s(self) -> float | None:
+        """The mean time between the saves seen; None before two were."""
+        if self.first_checkpoint is None or self.last_checkpoint is None:
+            return None
+        saves = self.last_checkpoint[0] - self.first_checkpoint[0]
+        return (self.last_checkpoint[1] - self.first_checkpoint[1]) / saves if saves > 0 else None
 
 
 class EventRecord(BaseModel):

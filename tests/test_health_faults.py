@@ -168,6 +168,18 @@ def test_progress_over_nodes_and_rank_ranges():
     assert ranks_text([4]) == "rank 4"
 
 
+def test_progress_carries_the_slowest_save_the_newest_save_and_the_most_saves_over_nodes():
+    def saves(rank: int, seconds: float, at: float, count: int) -> str:
+        labels = f'job_id="02000000",submission_id="{SID}",rank="{rank}"'
+        return (f"raypulse_train_checkpoint_duration_seconds{{{labels}}} {seconds}\n"
+                f"raypulse_train_last_checkpoint_time_seconds{{{labels}}} {at}\n"
+                f"raypulse_train_checkpoints_total{{{labels}}} {count}\n")
+    seen = progress([node("a", ranks((0, START + 1, 4)) + saves(0, 3.5, START, 2)),
+                     node("b", ranks((1, START + 3, 5)) + saves(1, 5.0, START + 1, 2))], SID)
+    assert (seen.checkpoint_seconds, seen.checkpoint_at, seen.checkpoints) == (5.0, START + 1, 2)
+    assert progress([node("a", ranks((0, START + 1, 4)))], SID).checkpoint_seconds is None
+
+
 def test_a_node_taken_out_is_not_lost_again_when_ray_declares_its_old_node_dead_in_the_next_attempt():
     """A node replaced after a fault: Ray declares its old node dead only some seconds later, while the
     next attempt (started at once) runs; that is the last attempt's news, not a fault of this one."""

@@ -24,6 +24,7 @@ from launcher.health.watcher import Watcher
 from launcher.journal import Journal
 from launcher.state import RunRecord
 from tests.broken_exporters import RawServer, gzip_bomb, not_an_exposition, trickle_headers
+from tests.conftest import wait_until
 from tests.fleet_support import Fleet, Sample
 
 SID = "fleet-1-a1"
@@ -335,3 +336,34 @@ def test_what_a_round_leaves_is_kept_out_of_the_collectors_walks_and_a_cycle_in_
         assert gc.get_freeze_count() == 0
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("via_fleet", [True, False], ids=["fleet", "direct"])
+def test_the_checkpoint_cost_and_interval_reach_the_attempts_record(fleet: Fleet, via_fleet: bool):
+    """What checkpoint_advice weighs: the slowest rank's save and the time between saves, either way read."""
+    heal, record = healing(fleet, via_fleet=via_fleet, extra={})
+    started = time.time()
+
+    def saves(count: int, at: float, step: int) -> None:
+        for index, name in enumerate(fleet.nodes):
+            found = node_samples(index, step, time.time())
+            for rank in (2 * index, 2 * index + 1):
+                labels = {"job_id": "02000000", "submission_id": SID, "rank": str(rank)}
+                found += [("raypulse_train_checkpoint_duration_seconds", labels, 2.0 + rank),
+                          ("raypulse_train_last_checkpoint_time_seconds", labels, at),
+                          ("raypulse_train_checkpoints_total", labels, float(count))]
+            fleet.set(name, found)
+
+    def seen(count: int) -> bool:
+        heal.check()
+        item = record.attempt(1)
+        return item is not None and item.last_checkpoint is not None and item.last_checkpoint[0] == count
+
+    saves(1, started, 10)
+    wait_until(lambda: seen(1), 30, "the first save in the record", interval=0.5)
+    saves(4, started + 90, 20)
+    wait_until(lambda: seen(4), 30, "the fourth save in the record", interval=0.5)
+    item = record.attempt(1)
+    assert item is not None
+    assert item.checkpoint_seconds == 2.0 + 7  # rank 7's, the slowest
+    assert item.checkpoint_interval_s == pytest.approx(30.0)

@@ -10,10 +10,12 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.contract import digest, wire
 from tests.conftest import REPO, free_port, wait_until
 
 
@@ -137,6 +139,50 @@ def test_reports_reach_the_exporter(exporter_with_progress, tmp_path, transport)
     assert series(exporter, "raypulse_train_checkpoint_step")[labels] == 20
     last = series(exporter, "raypulse_train_last_progress_time_seconds")[labels]
     assert time.time() - 60 < last <= time.time()
+
+
+CHECKPOINTING = """
+    import json, time
+    from exporter import progress
+    for step in (10, 20):
+        progress.report(step)
+        with progress.checkpoint(step):
+            time.sleep(0.3)  # the save
+    assert progress.flush(5)
+    print(json.dumps(progress.stats()))
+"""
+
+
+def test_a_timed_checkpoint_reaches_the_exporters_metrics_and_its_health_digest(exporter_with_progress):
+    port = free_port()
+    exporter = exporter_with_progress(f"127.0.0.1:{port}")
+    run_client(CHECKPOINTING, {"RAYPULSE_PROGRESS_URL": f"http://127.0.0.1:{port}",
+                               "RAY_JOB_CONFIG_JSON_ENV_VAR": job_config("sub-8")})
+    labels = (("job_id", ""), ("rank", "0"), ("submission_id", "sub-8"))
+    wait_until(lambda: series(exporter, "raypulse_train_checkpoints_total").get(labels) == 2, 10, "2 saves in /metrics")
+    assert series(exporter, "raypulse_train_checkpoint_duration_seconds")[labels] >= 0.3
+    status, _, body = exporter.get(wire.DIGEST_PATH)
+    job = digest.NodeDigest.model_validate_json(body).jobs["sub-8"]
+    assert status == 200
+    assert (job.checkpoints, job.checkpoint_step) == (2, 20)
+    assert job.checkpoint_seconds is not None
+    assert job.checkpoint_seconds >= 0.3
+
+
+def test_the_runs_checkpoint_intervals_are_served_as_gauges(exporter_with_progress):
+    port = free_port()
+    exporter = exporter_with_progress(f"127.0.0.1:{port}")
+    report = {"kind": "run", "run_id": "run-9", "time": time.time(), "checkpoint_interval_seconds": 1800.0,
+              "checkpoint_advised_interval_seconds": 98.0}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{wire.PROGRESS_PATH}", method="POST",
+                                     data=json.dumps({"reports": [report]}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 204
+    run = (("run_id", "run-9"),)
+    wait_until(lambda: series(exporter, "raypulse_run_checkpoint_interval_seconds").get(run) == 1800.0, 10,
+               "the interval in /metrics")
+    assert series(exporter, "raypulse_run_checkpoint_advised_interval_seconds")[run] == 98.0
 
 
 def test_reports_the_exporter_refuses_are_counted_not_raised(exporter_with_progress):

@@ -266,6 +266,23 @@ def test_an_unknown_run_is_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyP
         report.render("nope")
 
 
+def test_the_report_advises_a_checkpoint_interval_from_the_saves_and_faults_seen(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RAYPULSE_HOME", str(tmp_path))
+    run = tmp_path / "runs" / "ckpt-1"
+    record = record_of(run, state="FAILED", exit_code=1, finished_at=time.time())
+    first = record.attempts[0]  # ran 15 s; a second attempt ran 85 s and failed: 2 faults over 100 s
+    first.checkpoint_seconds, first.first_checkpoint, first.last_checkpoint = 2.0, (1.0, 10.0), (3.0, 70.0)
+    assert first.ended_at is not None
+    record.attempts.append(AttemptRecord(attempt=2, submission_id="ckpt-1-a2", status="FAILED",
+                                         running_at=first.ended_at, ended_at=first.ended_at + 85))
+    (run / "run.json").write_text(record.model_dump_json())
+    text = report.render("ckpt-1").read_text()
+    assert "<td>Young-Daly interval</td><td>14 s</td>" in text  # sqrt(2 x 2 s x 50 s)
+    assert "<td>interval used</td><td>30 s</td>" in text
+    assert "checkpoints too rare for this fault rate" in text
+
+
 @needs_chromium
 def test_a_run_without_a_recording_reports_its_record_and_says_why(tmp_path: Path):
     run = tmp_path / "runs" / "plain-1"

@@ -24,6 +24,7 @@ def group(c: Config) -> Group:
     t = c.tune
     drop, spike, straggler = (t("RaypulseTrainingThroughputDropped"), t("RaypulseTrainingLossSpike"),
                               t("RaypulseTrainingStragglerRank"))
+    rare = t("RaypulseRunCheckpointsTooRare")
     past = f"[{spike.baseline}] offset {spike.skip}"
     nonfinite = t("RaypulseTrainingLossNonFinite").window
     throughput, step_rate = THROUGHPUT.format(window=drop.rate_window), STEP_RATE.format(window=straggler.window)
@@ -72,6 +73,14 @@ def group(c: Config) -> Group:
               "A running training job has not saved a checkpoint for too long.",
               f"{AT_JOB} last reported a saved checkpoint {{{{ $value | humanizeDuration }}}} ago; a failure "
               "now loses all the work since."),
+        Alert("RaypulseRunCheckpointsTooRare", "warning", "training", f"""
+            raypulse_run_checkpoint_interval_seconds
+              > {rare.ratio:g} * raypulse_run_checkpoint_advised_interval_seconds
+            """,
+              "Checkpoints too rare for this fault rate.",
+              "Launcher run {{ $labels.run_id }} saves a checkpoint every {{ $value | humanizeDuration }}, over "
+              f"{rare.ratio:g} times the Young-Daly interval for its save cost and fault rate: it loses more to "
+              "redone steps than more frequent saves would cost."),
         Record(step_rate, f"deriv(raypulse_train_step[{straggler.window}])"),
         Alert("RaypulseTrainingStragglerRank", "warning", "training", f"""
             {step_rate}

@@ -28,12 +28,16 @@ MAX_DIGEST_BYTES = 1 * 2**20
 PROGRESS_TIME = ("raypulse_train_last_progress_time_seconds", "raypulse_rl_last_iteration_time_seconds")
 PHASE_START, PHASE_SECONDS = "raypulse_rl_phase_start_time_seconds", "raypulse_rl_phase_iteration_seconds"
 PHASE_FAMILIES = (PHASE_START, PHASE_SECONDS)
+CHECKPOINT_SECONDS, CHECKPOINT_TIME, CHECKPOINTS = ("raypulse_train_checkpoint_duration_seconds",
+                                              "raypulse_train_last_checkpoint_time_seconds",
+                                              "raypulse_train_checkpoints_total")
 OUTPUT_TIME = ("raypulse_job_output_last_write_time_seconds", "raypulse_job_driver_log_last_write_time_seconds")
 FAMILIES = (
     "raypulse_train_step", *PROGRESS_TIME, "raypulse_train_nonfinite_values_total",
     "raypulse_train_first_step", "raypulse_train_first_progress_time_seconds", "raypulse_rl_iteration",
     "raypulse_train_reports_total", *PHASE_FAMILIES,
-    "raypulse_train_checkpoint_step", *OUTPUT_TIME, "raypulse_job_processes",
+    "raypulse_train_checkpoint_step", CHECKPOINT_SECONDS, CHECKPOINT_TIME, CHECKPOINTS, *OUTPUT_TIME,
+    "raypulse_job_processes",
     "raypulse_gpu_xid_last_timestamp_seconds", "raypulse_gpu_up", "raypulse_gpu_ecc_errors_total",
     "raypulse_gpu_row_remap_failed", "raypulse_gpu_recovery_action", "raypulse_ray_node_alive",
     "raypulse_ray_node_info",
@@ -80,6 +84,11 @@ class JobDigest(_Digest):
     # RL phase name -> (since when it runs on some rank here, the oldest start; the longest of the ranks'
     # seconds in it during their last completed iteration): the hang threshold of a phase is its own.
     phases: dict[Text, tuple[Finite | None, Finite | None]] = Field(default_factory=dict, max_length=MAX_PHASES)
+    # Checkpoints (for the checkpoint advice, launcher/checkpoint_advice.py): the longest of the ranks' last
+    # saves (the job waits for its slowest rank), the newest save's time, and the most saves one rank made.
+    checkpoint_seconds: Finite | None = None
+    checkpoint_at: Finite | None = None
+    checkpoints: Finite | None = None
 
 
 class NodeDigest(_Digest):
@@ -176,6 +185,9 @@ class _Job:
         self.nonfinite: dict[int, float] = {}
         self.checkpoint_step: int | None = None
         self.reports: float | None = None
+        self.checkpoint_seconds: float | None = None
+        self.checkpoint_at: float | None = None
+        self.checkpoints: float | None = None
         self.phase_since: dict[str, float] = {}
         self.phase_seconds: dict[str, float] = {}
 
@@ -191,6 +203,12 @@ class _Job:
             step = whole(value)
             if step is not None:
                 self.checkpoint_step = max(self.checkpoint_step or 0, step)
+            return
+        if name in (CHECKPOINT_SECONDS, CHECKPOINT_TIME, CHECKPOINTS):
+            if math.isfinite(value) and value >= 0:  # each the most over the ranks
+                attribute = {CHECKPOINT_SECONDS: "checkpoint_seconds", CHECKPOINT_TIME: "checkpoint_at",
+                             CHECKPOINTS: "checkpoints"}[name]
+                setattr(self, attribute, max(getattr(self, attribute) or 0.0, value))
             return
         if name in PHASE_FAMILIES:
             phase = labels.get("phase")
@@ -236,6 +254,8 @@ class _Job:
                                        self.first_at.get(rank)) for rank in ranks},
                          nonfinite={rank: count for rank, count in self.nonfinite.items() if count > 0},
                          checkpoint_step=self.checkpoint_step, reports=self.reports,
+                         checkpoint_seconds=self.checkpoint_seconds, checkpoint_at=self.checkpoint_at,
+                         checkpoints=self.checkpoints,
                          phases={phase: (self.phase_since.get(phase), self.phase_seconds.get(phase))
                                  for phase in sorted({*self.phase_since, *self.phase_seconds})})
 

@@ -140,6 +140,8 @@ class Report(Strict):
     steps_lost: Count | None = None
     effective_training_ratio: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     hang_threshold_seconds: float | None = Field(None, gt=0, le=30 * 86400, allow_inf_nan=False)
+    checkpoint_interval_seconds: float | None = Field(None, gt=0, le=30 * 86400, allow_inf_nan=False)
+    checkpoint_advised_interval_seconds: float | None = Field(None, gt=0, le=30 * 86400, allow_inf_nan=False)
     # kind "rl" only
     iteration: Count | None = None
     iterations_total: Count | None = None
@@ -318,6 +320,8 @@ class RunHealth:
     steps_lost: int = 0
     effective_training_ratio: float | None = None
     hang_threshold_seconds: float | None = None
+    checkpoint_interval_seconds: float | None = None
+    checkpoint_advised_interval_seconds: float | None = None
     touched: float = 0.0
 
     def applied(self, report: Report) -> RunHealth:
@@ -336,6 +340,9 @@ class RunHealth:
             self.effective_training_ratio = report.effective_training_ratio
         if report.hang_threshold_seconds is not None:
             self.hang_threshold_seconds = report.hang_threshold_seconds
+        for name in ("checkpoint_interval_seconds", "checkpoint_advised_interval_seconds"):
+            if getattr(report, name) is not None:
+                setattr(self, name, getattr(report, name))
 
 
 JobKey = tuple[str, str]  # (job_id, submission_id) as reported; either may be ""

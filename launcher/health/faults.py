@@ -107,6 +107,11 @@ class Progress:
     # (exporters older than these families serve neither).
     first_step: dict[int, int] = field(default_factory=dict)
     first_report: dict[int, float] = field(default_factory=dict)
+    # The slowest rank's last checkpoint save (seconds), the newest save's time and the most saves a rank
+    # made (None from exporters that serve no checkpoint timing).
+    checkpoint_seconds: float | None = None
+    checkpoint_at: float | None = None
+    checkpoints: float | None = None
 
     @property
     def newest_step(self) -> int | None:
@@ -129,6 +134,7 @@ def progress(reads: Iterable[NodeRead], submission_id: str) -> Progress:
     checkpoint: int | None = None
     first_step: dict[int, int] = {}
     first_report: dict[int, float] = {}
+    saves: dict[str, float] = {}
     for job in jobs(reads, submission_id):
         for rank, (step, at, first, first_at) in job.ranks.items():
             if at is not None:
@@ -143,7 +149,11 @@ def progress(reads: Iterable[NodeRead], submission_id: str) -> Progress:
             nonfinite[rank] = nonfinite.get(rank, 0.0) + count
         if job.checkpoint_step is not None:
             checkpoint = max(checkpoint or 0, job.checkpoint_step)
-    return Progress(last, steps, nonfinite, checkpoint, first_step, first_report)
+        for name in ("checkpoint_seconds", "checkpoint_at", "checkpoints"):
+            value = getattr(job, name)
+            if value is not None:
+                saves[name] = max(saves.get(name, value), value)
+    return Progress(last, steps, nonfinite, checkpoint, first_step, first_report, **saves)
 
 
 def jobs(reads: Iterable[NodeRead], submission_id: str) -> Iterator[JobDigest]:

@@ -62,6 +62,9 @@ class HealthPolicy(Strict):
     on_node_lost: Action = Field("restart", description="a node running the job died: what to do")
     on_nonfinite_loss: Action = Field("restart", description="a rank reported a NaN or infinite loss: what to do")
     stacks: bool = Field(True, description="take every process's Python stack before acting on a hang")
+    mtbf_seconds: float | None = Field(None, gt=0, description=(
+        "the mean time between faults the checkpoint advice uses (launcher/checkpoint_advice.py); unset: the one seen "
+        "in this run's attempts and the finished runs under $RAYPULSE_HOME"))
     cordon_nodes: bool = Field(False, description=(
         "KubeRay: cordon the Kubernetes node of a GPU fault (or a lost node) before the next attempt, so its pods "
         "land elsewhere (needs `patch nodes`); off: the node is left alone and the event says so"))

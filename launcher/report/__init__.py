@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher import record_fleet
+from launcher import checkpoint_advice, record_fleet
 from launcher.errors import BadInput
 from launcher.health import stacks
 from launcher.promql import shown
@@ -69,7 +69,8 @@ def render(run: str | Path, output: Path | None = None, *, prometheus: str | Non
         data.tell_nodes_apart(rec)
     alerts, alert_note = _alerts(prometheus, record, rec)
     built = Builder(directory, record, rec)
-    body = notes + [built.guarded(part) for part in (built.summary, built.attempts, built.healing, built.placement,
+    body = notes + [built.guarded(part) for part in (built.summary, built.attempts, built.healing, built.checkpoints,
+                                                     built.placement,
                                                      built.training, built.rl, built.gpus, built.nodes,
                                                      built.faults)]
     body.append(section("Alerts that fired", alert_note or _alerts_table(alerts)))
@@ -238,6 +239,12 @@ class Builder:
                              for frame, members in evidence.groups)
             parts.append(f"<h3>Stacks {esc(summary.parent.name)}</h3><p>{esc(evidence.summary)}</p><ul>{groups}</ul>")
         return section("Heal events", *parts)
+
+    def checkpoints(self) -> str:
+        advice = checkpoint_advice.for_run(self.record) if self.record else None
+        if advice is None:
+            return section("Checkpoints", "<p>No checkpoint save was timed and no fault seen: nothing to advise.</p>")
+        return section("Checkpoints", table(("what", "value"), checkpoint_advice.facts(advice), ""))
 
     def placement(self) -> str:
         rec = self.rec

@@ -152,6 +152,13 @@ RUN_HANG_THRESHOLD = gauge("raypulse_run_hang_threshold_seconds", "Seconds witho
                            "health watcher judges a hang now (learned from the run's pace, or its configured "
                            "health.hang_after_seconds).", collector=NAME, labels=("run_id",), unit="seconds",
                            only_when="for a launcher run whose health watcher reports it")
+RUN_CHECKPOINT_INTERVAL = gauge("raypulse_run_checkpoint_interval_seconds", "Mean time between the run's checkpoint "
+                                "saves, as its health watcher saw them.", collector=NAME, labels=("run_id",),
+                                unit="seconds", only_when="for a launcher run once two saves were seen")
+RUN_CHECKPOINT_ADVISED = gauge("raypulse_run_checkpoint_advised_interval_seconds", "The Young-Daly checkpoint "
+                               "interval for the run's save cost and fault rate: sqrt(2 x save seconds x mean time "
+                               "between faults).", collector=NAME, labels=("run_id",), unit="seconds",
+                               only_when="for a launcher run with a timed save and enough faults seen")
 REJECTED = counter("raypulse_train_rejected_reports_total", "Progress requests refused, by reason: invalid (400), "
                    "unauthorized (401: no or a wrong token), too_large (413), unsupported_media_type (415), "
                    "too_many_jobs, too_many_ranks, too_many_job_series (one job past progress.max_job_share) "
@@ -225,6 +232,8 @@ class TrainCollector(AsyncCollector):
                 out.add(RUN_STEPS_LOST, health.steps_lost, run_id=run_id)
             out.add(RUN_EFFECTIVE, health.effective_training_ratio, run_id=run_id)
             out.add(RUN_HANG_THRESHOLD, health.hang_threshold_seconds, run_id=run_id)
+            out.add(RUN_CHECKPOINT_INTERVAL, health.checkpoint_interval_seconds, run_id=run_id)
+            out.add(RUN_CHECKPOINT_ADVISED, health.checkpoint_advised_interval_seconds, run_id=run_id)
 
 
 def emit_rank(out: SampleSink, state: RankState, **labels: object) -> None:

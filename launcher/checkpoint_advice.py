@@ -1,0 +1,184 @@
+"""Checkpoint advice: is a run's checkpoint interval right for its fault rate?
+
+Pure functions over run records ($RAYPULSE_HOME/runs, launcher/state.py) and numbers; nothing here
+reads the cluster. The Young-Daly interval (Young 1974, Daly 2006) minimises the expected time lost
+to checkpoint saves plus the steps redone after a fault:
+
+    interval = sqrt(2 x checkpoint cost x mean time between faults)
+
+and at an interval T, over W seconds of training with n faults, the expected loss is
+W / T x cost (saves) + n x T / 2 (on average half an interval is redone per fault).
+
+The fault rate comes from the run's own attempts and the finished runs under $RAYPULSE_HOME, or is
+given (`mtbf_s`); with fewer than MIN_FAULTS faults observed there is too little data to say, and the
+advice says so instead of a number.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from alerts.config import DEFAULT as ALERTS
+from launcher.exitcodes import ExitCode
+from launcher.state import RunRecord, list_runs
+
+MIN_FAULTS = 2  # one fault is an anecdote, not a rate
+# Over this many times the advised interval is "too rare": the alert rule's ratio, so the two agree.
+TOO_RARE = ALERTS.tune("RaypulseRunCheckpointsTooRare").ratio
+# Final run states whose last attempt ended in a fault (a stop or a deadline is not one).
+FAULTY_ENDS = frozenset(code.name for code in (ExitCode.FAILED, ExitCode.UNHEALTHY, ExitCode.INFRA_ERROR,
+                                               ExitCode.REPEATED_FAILURE))
+
+
+@dataclass(frozen=True)
+class FaultRate:
+    """Faults seen over the seconds the attempts ran (the exposure)."""
+
+    faults: int
+    seconds: float
+
+    @property
+    def mtbf_s(self) -> float | None:
+        return self.seconds / self.faults if self.faults >= MIN_FAULTS and self.seconds > 0 else None
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What the summary, report and gauges say. Fields are None where the data does not allow a number;
+    `why` then says what is missing."""
+
+    cost_s: float | None  # one checkpoint save
+    interval_s: float | None  # the interval the run used
+    mtbf_s: float | None
+    faults: int  # behind mtbf_s (0 when given)
+    redone_steps: int  # steps re-run after the run's restarts
+    advised_s: float | None  # Young-Daly
+    loss_used_s: float | None  # expected loss at the interval used, over this run
+    loss_advised_s: float | None  # ... and at the advised one
+    why: str | None = None
+
+    @property
+    def too_rare(self) -> bool:
+        """The interval used is over TOO_RARE times the advised one: checkpoints too rare for this fault rate."""
+        return self.interval_s is not None and self.advised_s is not None and \
+            self.interval_s > TOO_RARE * self.advised_s
+
+
+def young_daly_s(cost_s: float, mtbf_s: float) -> float:
+    """The checkpoint interval that minimises expected loss (seconds)."""
+    if cost_s < 0 or mtbf_s <= 0:
+        raise ValueError(f"checkpoint cost {cost_s} s must be >= 0 and mean time between faults {mtbf_s} s > 0")
+    return math.sqrt(2 * cost_s * mtbf_s)
+
+
+def expected_loss_s(interval_s: float, cost_s: float, wall_s: float, faults: int) -> float:
+    """Seconds lost over `wall_s` of training with `faults` faults when saving every `interval_s`."""
+    if interval_s <= 0:
+        raise ValueError(f"checkpoint interval {interval_s} s must be > 0")
+    return wall_s / interval_s * cost_s + faults * interval_s / 2
+
+
+def run_faults(record: RunRecord, now: float | None = None) -> FaultRate:
+    """A run's faults and exposure: every attempt that was followed by another was ended by a fault, and
+    so was the last one of a run that ended FAILED or UNHEALTHY; exposure is the time attempts ran."""
+    now = time.time() if now is None else now
+    seconds = 0.0
+    for attempt in record.attempts:
+        began = attempt.running_at if attempt.running_at is not None else attempt.submitted_at
+        if began is not None:
+            seconds += max(0.0, (attempt.ended_at if attempt.ended_at is not None else now) - began)
+    faults = max(0, len(record.attempts) - 1)
+    if record.attempts and record.state in FAULTY_ENDS:
+        faults += 1
+    return FaultRate(faults, seconds)
+
+
+def fault_rate(record: RunRecord, history: Iterable[RunRecord] = (), now: float | None = None) -> FaultRate:
+    """This run's faults pooled with those of the finished runs in `history` (the others under
+    $RAYPULSE_HOME; runs still going are left out, their exposure is not final)."""
+    rates = [run_faults(record, now)]
+    rates += [run_faults(run) for run in history if run.run_id != record.run_id and run.finished_at is not None]
+    return FaultRate(sum(rate.faults for rate in rates), sum(rate.seconds for rate in rates))
+
+
+def redone_steps(record: RunRecord) -> int:
+    """Steps re-run after restarts: for each attempt that resumed, the previous attempt's last step minus
+    the step it resumed at."""
+    redone = 0
+    for before, after in zip(record.attempts, record.attempts[1:], strict=False):
+        if before.last_step is not None:
+            resumed = after.resumed_from_step if after.resumed_from_step is not None else 0
+            redone += max(0, before.last_step - resumed)
+    return redone
+
+
+def measured(record: RunRecord) -> tuple[float | None, float | None]:
+    """The run's checkpoint cost and interval as its attempts' checks saw them (the newest attempt that
+    saw each); None where no save was timed, or fewer than two were seen."""
+    cost = next((item.checkpoint_seconds for item in reversed(record.attempts)
+                 if item.checkpoint_seconds is not None), None)
+    interval = next((item.checkpoint_interval_s for item in reversed(record.attempts)
+                     if item.checkpoint_interval_s is not None), None)
+    return cost, interval
+
+
+def for_run(record: RunRecord, history: Iterable[RunRecord] | None = None,
+            mtbf_s: float | None = None) -> Advice | None:
+    """The advice the summary, report and gauges show, pooling the runs under $RAYPULSE_HOME (`history`,
+    read when not given); None for a run with nothing to advise on (no save timed and no fault: a job
+    that does not checkpoint)."""
+    if mtbf_s is None:  # the run's health.mtbf_seconds, when its spec gave one
+        mtbf_s = (record.spec.get("health") or {}).get("mtbf_seconds")
+    advice = advise(record, history=list_runs() if history is None else history, mtbf_s=mtbf_s)
+    return advice if advice.cost_s is not None or run_faults(record).faults else None
+
+
+def advise(record: RunRecord, *, cost_s: float | None = None, interval_s: float | None = None,
+           history: Iterable[RunRecord] = (), mtbf_s: float | None = None, now: float | None = None) -> Advice:
+    """The advice for a run. Its checkpoint cost and interval are those measured (`measured`) unless
+    given; a given mean time between faults overrides the one seen."""
+    seen_cost, seen_interval = measured(record)
+    cost_s = seen_cost if cost_s is None else cost_s
+    interval_s = seen_interval if interval_s is None else interval_s
+    own = run_faults(record, now)
+    rate = FaultRate(0, 0.0) if mtbf_s is not None else fault_rate(record, history, now)
+    mtbf = mtbf_s if mtbf_s is not None else rate.mtbf_s
+    redone = redone_steps(record)
+    if cost_s is None:
+        return Advice(None, interval_s, mtbf, rate.faults, redone, None, None, None,
+                      why="no checkpoint cost measured: time saves with progress.checkpoint(...)")
+    if mtbf is None:
+        return Advice(cost_s, interval_s, None, rate.faults, redone, None, None, None,
+                      why=f"too little data: {rate.faults} fault(s) over {rate.seconds:.0f} s seen, {MIN_FAULTS} "
+                          "needed (or give --mtbf)")
+    advised = young_daly_s(cost_s, mtbf)
+    loss_advised = expected_loss_s(advised, cost_s, own.seconds, own.faults) if advised > 0 else None
+    loss_used = expected_loss_s(interval_s, cost_s, own.seconds, own.faults) if interval_s else None
+    return Advice(cost_s, interval_s, mtbf, rate.faults, redone, advised, loss_used, loss_advised)
+
+
+def facts(advice: Advice) -> list[tuple[str, str]]:
+    """The advice as (what, value) rows: the report's table, the summary's line."""
+    if advice.why:
+        return [("checkpoint advice", advice.why)]
+    used = f"{advice.interval_s:.0f} s" if advice.interval_s else "unknown (fewer than 2 saves seen)"
+    rows = [("checkpoint cost", f"{advice.cost_s:.1f} s"), ("interval used", used),
+            ("steps redone", f"{advice.redone_steps}"),
+            ("mean time between faults", f"{advice.mtbf_s:.0f} s" + (f" ({advice.faults} faults)" if advice.faults else
+                                                                      " (given)")),
+            ("Young-Daly interval", f"{advice.advised_s:.0f} s")]
+    if advice.loss_used_s is not None and advice.loss_advised_s is not None:
+        rows.append(("expected loss", f"{advice.loss_used_s:.0f} s at the interval used, {advice.loss_advised_s:.0f} s "
+                                      "at the advised one"))
+    if advice.too_rare:
+        rows.append(("verdict", "checkpoints too rare for this fault rate"))
+    return rows
+
+
+def describe(advice: Advice) -> str:
+    """The end-of-run summary's line."""
+    return "checkpoint advice: " + ", ".join(value if what in ("checkpoint advice", "verdict") else f"{what} {value}"
+                                             for what, value in facts(advice))
