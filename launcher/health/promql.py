@@ -76,6 +76,7 @@ RULES = (
     Rule(digest.PHASE_START, "min", ("phase",)),
     Rule(digest.PHASE_SECONDS, "max", ("phase",)),
     Rule("raypulse_train_checkpoint_step", "max"),
+    *(Rule(family, "max") for family in (digest.CHECKPOINT_SECONDS, digest.CHECKPOINT_TIME, digest.CHECKPOINTS)),
     *(Rule(family, "max") for family in digest.OUTPUT_TIME),
     Rule("raypulse_job_processes", "max", keep=" > 0"),
     Rule("raypulse_gpu_xid_last_timestamp_seconds", "max", (*GPU, "xid"), job=False),
