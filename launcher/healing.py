@@ -34,6 +34,7 @@ from launcher.health.remedy import NodeRemedy
 from launcher.health.threshold import Threshold
 from launcher.health.watcher import Watcher
 from launcher.journal import Journal
+from launcher.ledger import steps_lost
 from launcher.raydash import RayDashboard
 from launcher.state import AttemptRecord, RunRecord
 
@@ -41,17 +42,6 @@ LOST_NODE_GRACE_S = 5.0  # after a failed attempt, how long a node's death may t
 PUBLISH_TIMEOUT_S = 1.0
 CHECK_TICK_S = 0.1  # how often the checks' thread looks whether one is due
 NAMED = 5  # nodes an event about many names
-
-
-def steps_lost(last_step: int | None, resumed_from: int | None, first_step: int | None) -> int | None:
-    """The steps a fault cost: the last step made before it less the step the next attempt resumed
-    from, which is the checkpoint step it was given (`resumed_from`), or, when it reported an earlier
-    first step (it started over) or was given none (it resumed by itself), the step before its first.
-    None when neither is known, or no step came before the fault."""
-    if last_step is None:
-        return None
-    resumed = [step for step in (resumed_from, None if first_step is None else first_step - 1) if step is not None]
-    return max(0, last_step - min(resumed)) if resumed else None
 
 
 @dataclass
