@@ -63,6 +63,17 @@ class Ledger:
         """The effective training time ratio: productive seconds over the wall time."""
         return round(self.seconds["productive"] / self.wall, 4) if self.wall > 0 else None
 
+    def line(self) -> str:
+        """`181s: productive 79s (43.6%), redone 4.0s, ...`: the causes with time, in CAUSES' order."""
+        shares = [f"{cause.replace('_', ' ')} {_seconds(seconds)}" + (f" ({100 * seconds / self.wall:.1f}%)"
+                                                                     if cause == "productive" else "")
+                  for cause, seconds in self.seconds.items() if seconds >= 0.05]
+        return f"{_seconds(self.wall)}: " + (", ".join(shares) or "nothing yet")
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f}s" if value < 10 else f"{value:,.0f}s"
+
 
 class _Timeline:
     """Intervals painted with causes; a later paint wins. Breakpoints are few (tens per run)."""

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from launcher.cli import _status_text
 from launcher.journal import KINDS
 from launcher.ledger import CAUSES, ledger
 from launcher.state import AttemptRecord, EventRecord, RunRecord
@@ -103,3 +104,13 @@ def test_a_run_still_going_is_counted_up_to_now():
     assert result.wall == 30
     assert {cause: seconds for cause, seconds in result.seconds.items() if seconds} == {
         "startup": 5, "productive": 25}
+
+
+def test_launcher_status_shows_where_the_time_went():
+    record = run("FAILED", 72, [attempt(1, 0, running=3, first=(1, 10), newest=(50, 59), status="FAILED")], [
+        event(0, "attempt.submitted", 1, submission_id="r-a1"),
+        event(70, "attempt.finished", 1, submission_id="r-a1", status="FAILED", state="FAILED"),
+        event(72, "run.finished", state="FAILED"),
+    ])
+    [line] = [line for line in _status_text(record).splitlines() if line.startswith("time")]
+    assert line == "time      72s: productive 49s (68.1%), startup 10s, lost to end 13s"
