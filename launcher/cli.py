@@ -158,6 +158,7 @@ def submit(file: Path | None, no_wait: bool, output: str, **options: Any) -> Non
         return
     record = handle.wait()
     reporter.info(_summary(record))
+    reporter.info(f"where the time went: {ledger(record).line()}")
     reporter.close()
     if output == "json":
         _print_run(record)

@@ -34,7 +34,7 @@ from launcher.health.remedy import NodeRemedy
 from launcher.health.threshold import Threshold
 from launcher.health.watcher import Watcher
 from launcher.journal import Journal
-from launcher.ledger import steps_lost
+from launcher.ledger import ledger, steps_lost
 from launcher.raydash import RayDashboard
 from launcher.state import AttemptRecord, RunRecord
 
@@ -476,22 +476,7 @@ class Healing:
             pass  # the metrics are a view of the journal, which has it all
 
     def effective_training_ratio(self) -> float | None:
-        """The share of the run's wall time spent making progress that was kept: each attempt's time
-        from its first to its newest step, less the time its redone steps took."""
-        wall = (self.record.finished_at or time.time()) - self.record.created_at
-        kept = 0.0
-        for item in self.record.attempts:
-            if item.first_step_at is None or item.last_progress_at is None:
-                continue
-            span = max(0.0, item.last_progress_at - item.first_step_at)
-            steps = (item.last_step or 0) - (item.first_step or 0)
-            redone = 0
-            if item.resumed_from_step is not None and item.first_step is not None:
-                redone = max(0, self._last_step_before(item.attempt) - item.resumed_from_step)
-            per_step = span / steps if steps > 0 else 0.0
-            kept += max(0.0, span - redone * per_step)
-        return round(kept / wall, 4) if wall > 0 and kept else None
-
-    def _last_step_before(self, attempt: int) -> int:
-        earlier = [item.last_step for item in self.record.attempts if item.attempt < attempt and item.last_step]
-        return max(earlier, default=0)
+        """The share of the run's wall time spent making progress that was kept (the ledger's productive
+        seconds, launcher/ledger.py); None before any."""
+        split = ledger(self.record)
+        return split.ettr if split.seconds["productive"] else None
