@@ -18,11 +18,12 @@ The timeline is painted in this order, a later rule winning over an earlier one:
    (`steps_lost`), at that attempt's own pace.
 5. detecting: from the attempt's newest step or the fault (whichever is earlier) to the decision (the
    `health.fault` event); for an attempt that failed by itself, from its newest step to its end.
-6. stopping: from the stop sent (`attempt.stopping`) or the fault's decision to the attempt's end;
+6. stopping: from the fault's decision, or from the stop sent (`attempt.stopping`; from the attempt's
+   newest step if earlier), to the attempt's end;
    from the newest step of an attempt that succeeded to its end (the job winding down); from the
    last attempt's end to the run's end (teardown).
 7. backoff: from `retry.scheduled` for its `delay`, cut at the next submission.
-8. lost to the end: for a run that did not succeed, everything after its newest step.
+8. lost to the end: for a run that failed (any end but KEPT_ENDS), everything after its newest step.
 
 Causes with no data yet are 0 on every backend: queued (no event tells a queued attempt from one
 that starts: its wait is in startup) and checkpoint stall (no checkpoint timings in the record).
@@ -38,6 +39,7 @@ from launcher.state import AttemptRecord, EventRecord, RunRecord
 
 CAUSES = ("productive", "queued", "provisioning", "startup", "detecting", "stopping", "backoff", "redone",
           "checkpoint_stall", "lost_to_end")
+KEPT_ENDS = ("SUCCEEDED", "STOPPED")  # a run's ends that keep its last steps: nothing is lost to the end
 
 
 def steps_lost(last_step: int | None, resumed_from: int | None, first_step: int | None) -> int | None:
@@ -149,7 +151,7 @@ def ledger(record: RunRecord, now: float | None = None) -> Ledger:
             line.paint(began, decided, "detecting")
             line.paint(decided, ended, "stopping")
         elif stops:
-            line.paint(stops[0].time, ended, "stopping")
+            line.paint(min(value for value in (newest, stops[0].time) if value is not None), ended, "stopping")
         elif ended_at[item.attempt] is None and record.finished_at is None:
             line.paint(newest, ended, "productive")  # it runs: the step in the making
         elif item.status == "SUCCEEDED":
@@ -166,6 +168,6 @@ def ledger(record: RunRecord, now: float | None = None) -> Ledger:
     if record.attempts:
         line.paint(max(ends.values()), end, "stopping")
     progress = [item.last_progress_at for item in record.attempts if item.last_progress_at is not None]
-    if record.finished_at is not None and record.state != "SUCCEEDED" and progress:
+    if record.finished_at is not None and record.state not in KEPT_ENDS and progress:
         line.paint(max(progress), end, "lost_to_end")
     return Ledger(line.totals(), end - start)

@@ -106,6 +106,36 @@ def test_a_run_still_going_is_counted_up_to_now():
         "startup": 5, "productive": 25}
 
 
+def test_a_node_lost_under_a_failed_attempt_is_detected_after_it_ended_and_nothing_is_redone():
+    # Attempt 1 makes steps 1..40 (5 to 44) and fails at 50; its node is found dead at 52 (it died at 46);
+    # the node is replaced till 60; 1 s of backoff; attempt 2 resumes from 40: step 41 at 70, 90 at 119.
+    first = attempt(1, 0, running=1, first=(1, 5), newest=(40, 44), status="FAILED")
+    second = attempt(2, 61, running=62, first=(41, 70), newest=(90, 119), resumed_from=40)
+    record = run("SUCCEEDED", 121, [first, second], [
+        event(0, "attempt.submitted", 1, submission_id="r-a1"),
+        event(50, "attempt.finished", 1, submission_id="r-a1", status="FAILED", state="FAILED"),
+        event(52, "health.fault", 1, fault="node_lost", summary="node w-1 died", action="restart", node="w-1",
+              at=T0 + 46, last_step=40),
+        event(60, "node.replaced", node="w-1", seconds=8, reason="node w-1 died"),
+        event(60, "retry.scheduled", 1, delay=1, cause="node_lost"),
+        event(61, "attempt.submitted", 2, submission_id="r-a2"),
+        event(120, "attempt.finished", 2, submission_id="r-a2", status="SUCCEEDED", state="SUCCEEDED"),
+        event(121, "run.finished", state="SUCCEEDED"),
+    ])
+    assert split(record) == {"startup": 5 + 9, "productive": 39 + 49, "detecting": 8, "provisioning": 8,
+                             "backoff": 1, "stopping": 2}
+
+
+def test_a_stopped_run_keeps_its_steps_and_its_stop_is_stopping():
+    record = run("STOPPED", 30, [attempt(1, 0, running=1, first=(1, 5), newest=(20, 24), status="STOPPED")], [
+        event(0, "attempt.submitted", 1, submission_id="r-a1"),
+        event(24.5, "attempt.stopping", 1, submission_id="r-a1", reason="STOPPED", why="stop requested"),
+        event(28, "attempt.finished", 1, submission_id="r-a1", status="STOPPED", state="STOPPED"),
+        event(30, "run.finished", state="STOPPED"),
+    ])
+    assert split(record) == {"startup": 5, "productive": 19, "stopping": 6}
+
+
 def test_launcher_status_shows_where_the_time_went():
     record = run("FAILED", 72, [attempt(1, 0, running=3, first=(1, 10), newest=(50, 59), status="FAILED")], [
         event(0, "attempt.submitted", 1, submission_id="r-a1"),
