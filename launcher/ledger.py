@@ -129,9 +129,12 @@ def _redone_until(record: RunRecord, item: AttemptRecord) -> float | None:
     return min(item.last_progress_at, item.first_step_at + (lost - 1) * pace)
 
 
-def ledger(record: RunRecord, now: float | None = None) -> Ledger:
-    """Where the run's wall time went, from its creation to its end (or `now`, or the clock)."""
+def ledger(record: RunRecord, now: float | None = None, ending: str | None = None) -> Ledger:
+    """Where the run's wall time went, from its creation to its end (or `now`, or the clock). `ending`:
+    the final state of a run that ends at `now`, its `run.finished` not yet written."""
     end = record.finished_at or (now if now is not None else time.time())
+    finished = record.finished_at is not None or ending is not None
+    state = record.state if record.finished_at is not None else ending
     start = min(record.created_at, end)
     line = _Timeline(start, end, "provisioning")
     ended_at = {item.attempt: _ended(record, item) for item in record.attempts}
@@ -152,7 +155,7 @@ def ledger(record: RunRecord, now: float | None = None) -> Ledger:
             line.paint(decided, ended, "stopping")
         elif stops:
             line.paint(min(value for value in (newest, stops[0].time) if value is not None), ended, "stopping")
-        elif ended_at[item.attempt] is None and record.finished_at is None:
+        elif ended_at[item.attempt] is None and not finished:
             line.paint(newest, ended, "productive")  # it runs: the step in the making
         elif item.status == "SUCCEEDED":
             line.paint(newest, ended, "stopping")
@@ -168,6 +171,6 @@ def ledger(record: RunRecord, now: float | None = None) -> Ledger:
     if record.attempts:
         line.paint(max(ends.values()), end, "stopping")
     progress = [item.last_progress_at for item in record.attempts if item.last_progress_at is not None]
-    if record.finished_at is not None and record.state not in KEPT_ENDS and progress:
+    if finished and state not in KEPT_ENDS and progress:
         line.paint(max(progress), end, "lost_to_end")
     return Ledger(line.totals(), end - start)

@@ -4,14 +4,19 @@ wall time."""
 
 from __future__ import annotations
 
+import io
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from launcher.cli import _status_text
-from launcher.journal import KINDS
+from launcher.display import PlainReporter
+from launcher.journal import KINDS, Journal
 from launcher.ledger import CAUSES, ledger
-from launcher.state import AttemptRecord, EventRecord, RunRecord
+from launcher.run import finish_run
+from launcher.state import AttemptRecord, EventRecord, RunRecord, load_run
 
 T0 = 1_000_000.0
 
@@ -144,3 +149,19 @@ def test_launcher_status_shows_where_the_time_went():
     ])
     [line] = [line for line in _status_text(record).splitlines() if line.startswith("time")]
     assert line == "time      72s: productive 49s (68.1%), startup 10s, lost to end 13s"
+
+
+def test_the_split_is_kept_with_the_runs_end(tmp_path: Path, monkeypatch):
+    # The cluster was lost under attempt 1 (no attempt.finished): after its newest step, lost to the end.
+    monkeypatch.setenv("RAYPULSE_HOME", str(tmp_path))
+    start = time.time() - 100
+    record = RunRecord(run_id="r-k", name="r", backend="local", created_at=start, attempts=[AttemptRecord(
+        attempt=1, submission_id="r-k-a1", status="RUNNING", submitted_at=start, first_step=1,
+        first_step_at=start + 10, last_step=80, last_progress_at=start + 89)])
+    finish_run(Journal(PlainReporter(err=io.StringIO(), out=io.StringIO()), record), "INFRA_ERROR", "cluster lost")
+    saved = load_run("r-k")
+    assert saved is not None
+    assert saved.finished_at is not None
+    kept = saved.events[-1].details["seconds_by_cause"]
+    assert (set(kept), kept["startup"], kept["productive"]) == ({"startup", "productive", "lost_to_end"}, 10, 79)
+    assert sum(kept.values()) == pytest.approx(saved.finished_at - start, rel=0.01)
