@@ -16,14 +16,14 @@ The timeline is painted in this order, a later rule winning over an earlier one:
 4. redone: from a resumed attempt's first step, the steps up to the last step made before the
    fault (the newest step of the attempts before it) less the step it resumed from
    (`steps_lost`), at that attempt's own pace.
-5. detecting: from the attempt's newest step or the fault (whichever is earlier) to the decision (the
+5. stopping (teardown): from the last attempt's end to the run's end, once it ended.
+6. detecting: from the attempt's newest step or the fault (whichever is earlier) to the decision (the
    `health.fault` event); for an attempt that failed by itself, from its newest step to its end.
-6. stopping: from the fault's decision, or from the stop sent (`attempt.stopping`; from the attempt's
-   newest step if earlier), to the attempt's end;
-   from the newest step of an attempt that succeeded to its end (the job winding down); from the
-   last attempt's end to the run's end (teardown).
-7. backoff: from `retry.scheduled` for its `delay`, cut at the next submission.
-8. lost to the end: for a run that failed (any end but KEPT_ENDS), everything after its newest step.
+7. stopping: from the fault's decision, or from the stop sent (`attempt.stopping`; from the attempt's
+   newest step if earlier), to the attempt's end; from the newest step of an attempt that succeeded to
+   its end (the job winding down).
+8. backoff: from `retry.scheduled` for its `delay`, cut at the next submission.
+9. lost to the end: for a run that failed (any end but KEPT_ENDS), everything after its newest step.
 
 Causes with no data yet are 0 on every backend: queued (no event tells a queued attempt from one
 that starts: its wait is in startup) and checkpoint stall (no checkpoint timings in the record).
@@ -116,6 +116,10 @@ def _ended(record: RunRecord, item: AttemptRecord) -> float | None:
     return finished[-1].time if finished else item.ended_at
 
 
+def _earliest(*moments: float | None) -> float | None:
+    return min((moment for moment in moments if moment is not None), default=None)
+
+
 def _redone_until(record: RunRecord, item: AttemptRecord) -> float | None:
     """When a resumed attempt had made again the steps its predecessors had made (None: nothing redone)."""
     made = max((other.last_step for other in record.attempts
@@ -143,6 +147,8 @@ def ledger(record: RunRecord, now: float | None = None, ending: str | None = Non
         line.paint(item.submitted_at, ends[item.attempt], "startup")
         line.paint(item.first_step_at, item.last_progress_at, "productive")
         line.paint(item.first_step_at, _redone_until(record, item), "redone")
+    if finished and record.attempts:
+        line.paint(max(ends.values()), end, "stopping")  # teardown, unless a rule below says more
     for item in record.attempts:
         ended, newest = ends[item.attempt], item.last_progress_at
         faults = [event for event in _of(record.events, "health.fault", item.attempt)
@@ -150,11 +156,10 @@ def ledger(record: RunRecord, now: float | None = None, ending: str | None = Non
         stops = _of(record.events, "attempt.stopping", item.attempt)
         if faults:
             decided = faults[0].time
-            began = min(value for value in (faults[0].details.get("at"), newest, decided) if value is not None)
-            line.paint(began, decided, "detecting")
+            line.paint(_earliest(faults[0].details.get("at"), newest, decided), decided, "detecting")
             line.paint(decided, ended, "stopping")
         elif stops:
-            line.paint(min(value for value in (newest, stops[0].time) if value is not None), ended, "stopping")
+            line.paint(_earliest(newest, stops[0].time), ended, "stopping")
         elif ended_at[item.attempt] is None and not finished:
             line.paint(newest, ended, "productive")  # it runs: the step in the making
         elif item.status == "SUCCEEDED":
@@ -168,8 +173,6 @@ def ledger(record: RunRecord, now: float | None = None, ending: str | None = Non
             if following is not None and following.submitted_at is not None:
                 until = min(until, following.submitted_at)
             line.paint(event.time, until, "backoff")
-    if record.attempts:
-        line.paint(max(ends.values()), end, "stopping")
     progress = [item.last_progress_at for item in record.attempts if item.last_progress_at is not None]
     if finished and state not in KEPT_ENDS and progress:
         line.paint(max(progress), end, "lost_to_end")

@@ -141,6 +141,18 @@ def test_a_stopped_run_keeps_its_steps_and_its_stop_is_stopping():
     assert split(record) == {"startup": 5, "productive": 19, "stopping": 6}
 
 
+def test_a_run_waiting_out_its_backoff_is_in_backoff_now():
+    record = run("RETRYING", 0, [attempt(1, 0, running=1, first=(1, 5), newest=(20, 25), status="FAILED")], [
+        event(0, "attempt.submitted", 1, submission_id="r-a1"),
+        event(30, "attempt.finished", 1, submission_id="r-a1", status="FAILED", state="FAILED"),
+        event(31, "retry.scheduled", 1, delay=10, cause="failed"),
+    ])
+    record.finished_at = None
+    result = ledger(record, now=T0 + 36)
+    assert {cause: seconds for cause, seconds in result.seconds.items() if seconds} == {
+        "startup": 5, "productive": 20, "detecting": 5, "provisioning": 1, "backoff": 5}
+
+
 def test_launcher_status_shows_where_the_time_went():
     record = run("FAILED", 72, [attempt(1, 0, running=3, first=(1, 10), newest=(50, 59), status="FAILED")], [
         event(0, "attempt.submitted", 1, submission_id="r-a1"),
