@@ -36,6 +36,7 @@ from launcher.exitcodes import ExitCode
 from launcher.failing import fail
 from launcher.flags import spec_data, spec_from_options, spec_options
 from launcher.journal import Journal
+from launcher.ledger import ledger
 from launcher.run import finish_run
 from launcher.spec import JobSpec, SpecError, build_spec
 from launcher.state import RunRecord, list_clusters, list_runs, load_run
@@ -157,6 +158,7 @@ def submit(file: Path | None, no_wait: bool, output: str, **options: Any) -> Non
         return
     record = handle.wait()
     reporter.info(_summary(record))
+    reporter.info(f"where the time went: {ledger(record).line()}")
     advice = checkpoint_advice.for_run(record)
     if advice is not None:
         reporter.info(checkpoint_advice.describe(advice))
@@ -239,6 +241,7 @@ def _status_text(record: RunRecord) -> str:
             detail = f"driver exit {attempt.driver_exit_code}; {detail}"
         lines.append(f"  {attempt.attempt}  {attempt.submission_id}  {attempt.status:<9} "
                      f"{_when(attempt.submitted_at)} -> {_when(attempt.ended_at)}  {detail}".rstrip())
+    lines.append(f"time      {ledger(record).line()}")
     lines += _hang_thresholds(record)
     shown = [event for event in record.events if event.message or event.kind not in QUIET_EVENTS]
     if shown:

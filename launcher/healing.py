@@ -35,6 +35,7 @@ from launcher.health.remedy import NodeRemedy
 from launcher.health.threshold import Threshold
 from launcher.health.watcher import Watcher
 from launcher.journal import Journal
+from launcher.ledger import ledger, steps_lost
 from launcher.raydash import RayDashboard
 from launcher.state import AttemptRecord, RunRecord, list_runs
 
@@ -42,17 +43,6 @@ LOST_NODE_GRACE_S = 5.0  # after a failed attempt, how long a node's death may t
 PUBLISH_TIMEOUT_S = 1.0
 CHECK_TICK_S = 0.1  # how often the checks' thread looks whether one is due
 NAMED = 5  # nodes an event about many names
-
-
-def steps_lost(last_step: int | None, resumed_from: int | None, first_step: int | None) -> int | None:
-    """The steps a fault cost: the last step made before it less the step the next attempt resumed
-    from, which is the checkpoint step it was given (`resumed_from`), or, when it reported an earlier
-    first step (it started over) or was given none (it resumed by itself), the step before its first.
-    None when neither is known, or no step came before the fault."""
-    if last_step is None:
-        return None
-    resumed = [step for step in (resumed_from, None if first_step is None else first_step - 1) if step is not None]
-    return max(0, last_step - min(resumed)) if resumed else None
 
 
 @dataclass
@@ -505,22 +495,7 @@ class Healing:
             pass  # the metrics are a view of the journal, which has it all
 
     def effective_training_ratio(self) -> float | None:
-        """The share of the run's wall time spent making progress that was kept: each attempt's time
-        from its first to its newest step, less the time its redone steps took."""
-        wall = (self.record.finished_at or time.time()) - self.record.created_at
-        kept = 0.0
-        for item in self.record.attempts:
-            if item.first_step_at is None or item.last_progress_at is None:
-                continue
-            span = max(0.0, item.last_progress_at - item.first_step_at)
-            steps = (item.last_step or 0) - (item.first_step or 0)
-            redone = 0
-            if item.resumed_from_step is not None and item.first_step is not None:
-                redone = max(0, self._last_step_before(item.attempt) - item.resumed_from_step)
-            per_step = span / steps if steps > 0 else 0.0
-            kept += max(0.0, span - redone * per_step)
-        return round(kept / wall, 4) if wall > 0 and kept else None
-
-    def _last_step_before(self, attempt: int) -> int:
-        earlier = [item.last_step for item in self.record.attempts if item.attempt < attempt and item.last_step]
-        return max(earlier, default=0)
+        """The share of the run's wall time spent making progress that was kept (the ledger's productive
+        seconds, launcher/ledger.py); None before any."""
+        split = ledger(self.record)
+        return split.ettr if split.seconds["productive"] else None

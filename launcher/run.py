@@ -37,6 +37,7 @@ from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
 from launcher.jobs import TERMINAL, ClusterLost
 from launcher.journal import Journal
+from launcher.ledger import ledger
 from launcher.spec import JobSpec
 from launcher.state import AttemptRecord, RunRecord, request_stop, stop_requested, write_private
 from launcher.submission import attempt_id
@@ -194,8 +195,11 @@ def finish_run(journal: Journal, state: str, reason: str | None, **details: Any)
     """Give the run its final state and exit code (one event: the record, the audit line, the trace)."""
     record = journal.record
     assert record is not None, "only the process that owns a run's record finishes it"
+    split = ledger(record, time.time(), ending=state)  # where its time went, kept with its end
     journal.emit("run.finished", state=state, reason=reason, attempts=len(record.attempts),
-                 exit_code=int(FINAL_STATES[state]), **details)
+                 exit_code=int(FINAL_STATES[state]),
+                 seconds_by_cause={cause: round(seconds, 1) for cause, seconds in split.seconds.items() if seconds},
+                 **details)
     return record
 
 

@@ -23,10 +23,11 @@ from exporter.framework.snapshot import SampleSink
 from exporter.progress.store import ProgressStore, parse_batch
 from exporter.serving.exposition import Format, encode
 from launcher.display import PlainReporter
-from launcher.healing import Healing, steps_lost
+from launcher.healing import Healing
 from launcher.health.exporters import Target
 from launcher.health.policy import FaultClass, HealthPolicy
 from launcher.journal import Journal
+from launcher.ledger import steps_lost
 from launcher.state import RunRecord
 from tests.broken_exporters import ExporterLike
 from tests.conftest import wait_until
