@@ -25,8 +25,13 @@ The timeline is painted in this order, a later rule winning over an earlier one:
 8. backoff: from `retry.scheduled` for its `delay`, cut at the next submission.
 9. lost to the end: for a run that failed (any end but KEPT_ENDS), everything after its newest step.
 
-Causes with no data yet are 0 on every backend: queued (no event tells a queued attempt from one
-that starts: its wait is in startup) and checkpoint stall (no checkpoint timings in the record).
+10. checkpoint stall: not painted on the line but taken out of the productive time, where the saves
+   fall (between steps): each attempt's saves (the most one rank made, as the watcher last saw them)
+   times their newest cost (the slowest rank's), from the run record's checkpoint facts. An estimate:
+   every save is taken to cost what the newest did.
+
+Queued is 0 on every backend: no event tells a queued attempt from one that starts (its wait is in
+startup).
 """
 
 from __future__ import annotations
@@ -176,4 +181,12 @@ def ledger(record: RunRecord, now: float | None = None, ending: str | None = Non
     progress = [item.last_progress_at for item in record.attempts if item.last_progress_at is not None]
     if finished and state not in KEPT_ENDS and progress:
         line.paint(max(progress), end, "lost_to_end")
-    return Ledger(line.totals(), end - start)
+    seconds = line.totals()
+    # The ranks' saves, taken out of the productive time they fall in (between steps): the saves an attempt
+    # made by the newest the watcher saw, each at its newest cost (its slowest rank's; launcher/checkpoint_advice.py).
+    stall = sum(item.last_checkpoint[0] * item.checkpoint_seconds for item in record.attempts
+                if item.last_checkpoint is not None and item.checkpoint_seconds is not None)
+    moved = min(stall, seconds["productive"])
+    seconds["productive"] -= moved
+    seconds["checkpoint_stall"] += moved
+    return Ledger(seconds, end - start)

@@ -63,6 +63,17 @@ def test_a_clean_run_is_cluster_start_startup_training_and_its_end():
     assert ledger(record).ettr == pytest.approx(99 / 145, abs=1e-4)
 
 
+def test_the_ranks_saves_are_checkpoint_stall_taken_from_the_productive_time():
+    # The clean run above, whose ranks saved 4 times at 2.5 s each (the newest save's cost, the slowest rank's).
+    trained = attempt(1, 20, running=25, first=(1, 40), newest=(100, 139))
+    saved = trained.model_copy(update={"checkpoint_seconds": 2.5, "first_checkpoint": (1.0, T0 + 60),
+                                       "last_checkpoint": (4.0, T0 + 120)})
+    events = [event(20, "attempt.submitted", 1, submission_id="r-a1"),
+              event(142, "attempt.finished", 1, submission_id="r-a1", status="SUCCEEDED", state="SUCCEEDED")]
+    assert split(run("SUCCEEDED", 145, [saved], events)) == {
+        "provisioning": 20, "startup": 20, "productive": 89, "checkpoint_stall": 10, "stopping": 6}
+
+
 def test_a_hang_restarted_from_a_checkpoint_redoes_the_steps_made_since_it():
     # Attempt 1: steps 1..35 from 10 to 44; hangs (no step after 44); judged at 104; stopped by 110.
     # Backoff 5 s from 111; node work till 120 is provisioning; attempt 2 submitted at 120, resumes from
