@@ -35,7 +35,7 @@ from launcher.health.remedy import NodeRemedy
 from launcher.health.threshold import Threshold
 from launcher.health.watcher import Watcher
 from launcher.journal import Journal
-from launcher.ledger import ledger, steps_lost
+from launcher.ledger import Ledger, ledger, steps_lost
 from launcher.raydash import RayDashboard
 from launcher.state import AttemptRecord, RunRecord, list_runs
 
@@ -447,7 +447,9 @@ class Healing:
         if seen.checkpoints is not None and seen.checkpoint_at is not None:
             item.last_checkpoint = (seen.checkpoints, seen.checkpoint_at)
             item.first_checkpoint = item.first_checkpoint or item.last_checkpoint
-        report: dict[str, Any] = {"effective_training_ratio": self.effective_training_ratio(),
+        split = ledger(self.record)
+        report: dict[str, Any] = {"effective_training_ratio": _ettr(split),
+                                  "time_seconds": {cause: round(value, 1) for cause, value in split.seconds.items()},
                                   "hang_threshold_seconds": round(threshold.seconds, 1) if threshold else None,
                                   **self._checkpoint_report()}
         pending = self.pending
@@ -497,5 +499,9 @@ class Healing:
     def effective_training_ratio(self) -> float | None:
         """The share of the run's wall time spent making progress that was kept (the ledger's productive
         seconds, launcher/ledger.py); None before any."""
-        split = ledger(self.record)
-        return split.ettr if split.seconds["productive"] else None
+        return _ettr(ledger(self.record))
+
+
+def _ettr(split: Ledger) -> float | None:
+    """The ledger's productive share; None before any progress."""
+    return split.ettr if split.seconds["productive"] else None

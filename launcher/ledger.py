@@ -40,10 +40,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from exporter.contract import wire
 from launcher.state import AttemptRecord, EventRecord, RunRecord
 
-CAUSES = ("productive", "queued", "provisioning", "startup", "detecting", "stopping", "backoff", "redone",
-          "checkpoint_stall", "lost_to_end")
+CAUSES = wire.RUN_TIME_CAUSES
 KEPT_ENDS = ("SUCCEEDED", "STOPPED")  # a run's ends that keep its last steps: nothing is lost to the end
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -183,6 +184,28 @@ def test_the_runs_checkpoint_intervals_are_served_as_gauges(exporter_with_progre
     wait_until(lambda: series(exporter, "raypulse_run_checkpoint_interval_seconds").get(run) == 1800.0, 10,
                "the interval in /metrics")
     assert series(exporter, "raypulse_run_checkpoint_advised_interval_seconds")[run] == 98.0
+
+
+def test_where_the_runs_time_went_is_served_by_cause_and_an_unknown_cause_is_refused(exporter_with_progress):
+    port = free_port()
+    exporter = exporter_with_progress(f"127.0.0.1:{port}")
+
+    def post(time_seconds: dict[str, float]) -> int:
+        report = {"kind": "run", "run_id": "run-10", "time": time.time(), "time_seconds": time_seconds}
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{wire.PROGRESS_PATH}", method="POST",
+                                         data=json.dumps({"reports": [report]}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    assert post({"made_up": 1.0}) == 400  # a cause is one of the ledger's: the label stays bounded
+    assert post({"productive": 120.0, "startup": 12.5, "detecting": 0.0}) == 204
+    wait_until(lambda: len(series(exporter, "raypulse_run_time_seconds")) == 3, 10, "the split in /metrics")
+    split = {dict(labels)["cause"]: value for labels, value in series(exporter, "raypulse_run_time_seconds").items()}
+    assert split == {"productive": 120.0, "startup": 12.5, "detecting": 0.0}
 
 
 def test_reports_the_exporter_refuses_are_counted_not_raised(exporter_with_progress):

@@ -122,6 +122,9 @@ FAULT_GPU = "gpu_fault"
 FAULT_NODE_LOST = "node_lost"
 FAULT_NONFINITE_LOSS = "nonfinite_loss"
 FAULT_CLASSES = (FAULT_HANG, FAULT_GPU, FAULT_NODE_LOST, FAULT_NONFINITE_LOSS)
+# Where a launcher run's wall time went (launcher/ledger.py): the `cause` of raypulse_run_time_seconds.
+RUN_TIME_CAUSES = ("productive", "queued", "provisioning", "startup", "detecting", "stopping", "backoff", "redone",
+                   "checkpoint_stall", "lost_to_end")
 
 # --- `launcher exporters deploy`: its named actors, which the head exporter's /sd reads -----------
 DEPLOY_NAMESPACE = "raypulse"

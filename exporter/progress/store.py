@@ -142,6 +142,8 @@ class Report(Strict):
     hang_threshold_seconds: float | None = Field(None, gt=0, le=30 * 86400, allow_inf_nan=False)
     checkpoint_interval_seconds: float | None = Field(None, gt=0, le=30 * 86400, allow_inf_nan=False)
     checkpoint_advised_interval_seconds: float | None = Field(None, gt=0, le=30 * 86400, allow_inf_nan=False)
+    # where the run's wall time went so far, by cause (launcher/ledger.py)
+    time_seconds: dict[Literal[wire.RUN_TIME_CAUSES], Seconds] | None = None  # type: ignore[valid-type]
     # kind "rl" only
     iteration: Count | None = None
     iterations_total: Count | None = None
@@ -322,6 +324,7 @@ class RunHealth:
     hang_threshold_seconds: float | None = None
     checkpoint_interval_seconds: float | None = None
     checkpoint_advised_interval_seconds: float | None = None
+    time_seconds: dict[str, float] = field(default_factory=dict)  # by cause
     touched: float = 0.0
 
     def applied(self, report: Report) -> RunHealth:
@@ -343,6 +346,8 @@ class RunHealth:
         for name in ("checkpoint_interval_seconds", "checkpoint_advised_interval_seconds"):
             if getattr(report, name) is not None:
                 setattr(self, name, getattr(report, name))
+        if report.time_seconds is not None:
+            self.time_seconds = dict(report.time_seconds)
 
 
 JobKey = tuple[str, str]  # (job_id, submission_id) as reported; either may be ""

@@ -159,6 +159,10 @@ RUN_CHECKPOINT_ADVISED = gauge("raypulse_run_checkpoint_advised_interval_seconds
                                "interval for the run's save cost and fault rate: sqrt(2 x save seconds x mean time "
                                "between faults).", collector=NAME, labels=("run_id",), unit="seconds",
                                only_when="for a launcher run with a timed save and enough faults seen")
+RUN_TIME = gauge("raypulse_run_time_seconds", "Seconds of the run's wall time so far, by cause (productive, startup, "
+                 "detecting, redone, ...: its launcher's ledger; a second's cause may change once a fault is judged, "
+                 "so it is a gauge).", collector=NAME, labels=("run_id", "cause"), unit="seconds",
+                 only_when="for a launcher run whose health watcher reports it")
 REJECTED = counter("raypulse_train_rejected_reports_total", "Progress requests refused, by reason: invalid (400), "
                    "unauthorized (401: no or a wrong token), too_large (413), unsupported_media_type (415), "
                    "too_many_jobs, too_many_ranks, too_many_job_series (one job past progress.max_job_share) "
@@ -234,6 +238,8 @@ class TrainCollector(AsyncCollector):
             out.add(RUN_HANG_THRESHOLD, health.hang_threshold_seconds, run_id=run_id)
             out.add(RUN_CHECKPOINT_INTERVAL, health.checkpoint_interval_seconds, run_id=run_id)
             out.add(RUN_CHECKPOINT_ADVISED, health.checkpoint_advised_interval_seconds, run_id=run_id)
+            for cause, seconds in health.time_seconds.items():
+                out.add(RUN_TIME, seconds, run_id=run_id, cause=cause)
 
 
 def emit_rank(out: SampleSink, state: RankState, **labels: object) -> None:
