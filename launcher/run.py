@@ -198,7 +198,7 @@ def finish_run(journal: Journal, state: str, reason: str | None, **details: Any)
     split = ledger(record, time.time(), ending=state)  # where its time went, kept with its end
     journal.emit("run.finished", state=state, reason=reason, attempts=len(record.attempts),
                  exit_code=int(FINAL_STATES[state]),
-                 seconds_by_cause={cause: round(seconds, 1) for cause, seconds in split.seconds.items() if seconds},
+                 seconds_by_cause={cause: round(seconds, 3) for cause, seconds in split.seconds.items() if seconds},
                  **details)
     return record
 

@@ -52,6 +52,7 @@ NOT_ON_THIS_HOST = {
         "receive_packets_total", "receive_remote_physical_errors_total", "symbol_errors_total",
         "transmit_bytes_total", "transmit_discards_total", "transmit_packets_total", "transmit_wait_total")},
     "raypulse_node_memory_hardware_corrupted_bytes": "kernel without memory-failure handling",
+    "raypulse_gpu_pod_resources_up": "no kubelet's pod-resources socket (not a Kubernetes node)",
     "raypulse_node_network_speed_bytes_per_second": "only virtual interfaces (no link speed)",
     "raypulse_pod_cpu_limit": "the test's cgroup has no CPU limit",
     "raypulse_pod_memory_limit_bytes": "the test's cgroup has no memory limit",

@@ -414,11 +414,12 @@ CHARTS = {"attempts", "step", "loss", "throughput", "gpu-util", "gpu-memory", "g
           "node-cpu", "node-memory"}
 
 
-def _metrics_has(url: str, needle: str) -> bool:
+def _metrics_has(url: str, series: str, label: str) -> bool:
+    """A line of the exporter's /metrics starts with `series` and holds `label` (labels come sorted by name)."""
     import urllib.request
 
     with urllib.request.urlopen(url + wire.METRICS_PATH, timeout=5) as response:
-        return needle in response.read().decode()
+        return any(line.startswith(series) and label in line for line in response.read().decode().splitlines())
 
 
 @contextlib.contextmanager
@@ -472,7 +473,7 @@ def test_the_report_of_a_real_run_that_failed_once_then_succeeded(tmp_path_facto
         fault = subprocess.run([sys.executable, "-m", "exporter", "gpu-fault", "--control", worker["gpu_control"],
                                 "--gpu", "0", "xid", "31"], capture_output=True, text=True, cwd=REPO)
         assert fault.returncode == 0, fault.stderr
-        wait_until(lambda: _metrics_has(worker["url"], 'raypulse_gpu_xid_errors_total{gpu="0"'), 60, "the XID")
+        wait_until(lambda: _metrics_has(worker["url"], "raypulse_gpu_xid_errors_total{", 'gpu="0"'), 60, "the XID")
         run_dir = home / "runs" / "recorded-1"
         with gpu_users(cluster):  # the launcher records the run itself (on by default), every second here
             result = launcher("submit", "--cluster", "recorded", "--run-id", "recorded-1", "--working-dir",

@@ -302,8 +302,11 @@ COLLECTOR = Row("Collection", (
         "Calls a GPU answers NOT_SUPPORTED; their series are left out, never reported as 0.", kind="table"),
     Panel("Event watcher", "short", (
         Target(S("raypulse_gpu_event_watcher_up"), "{{node}} up"),
-        Target(f"sum by (cluster, node) ({S('raypulse_gpu_event_watcher_errors_total')})", "{{node}} errors")),
-        "The XID event watcher thread: 1 while it waits for events; errors it hit.", min=0),
+        Target(f"sum by (cluster, node) ({S('raypulse_gpu_event_watcher_errors_total')})", "{{node}} errors"),
+        Target(S("raypulse_gpu_pod_resources_up"), "{{node}} pod-resources")),
+        "The XID event watcher thread: 1 while it waits for events; errors it hit. Pod-resources: 1 while the "
+        "kubelet's pod-resources API answers (the GPUs' pod labels); 0: the labels are empty, the samples stay.",
+        min=0),
     Panel("NVML", "short", (Target(S("raypulse_gpu_nvml_info"), instant=True),),
           "NVML, driver, CUDA and nvidia-ml-py versions of each node.", kind="table", width=16),
 ))

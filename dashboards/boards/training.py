@@ -142,6 +142,11 @@ HEALING = Row("Healing", collapsed=False, panels=(
         Target(RUNS("raypulse_run_effective_training_ratio"), "{{run_id}}"),),
         "Share of each run's wall time spent making progress it kept (the platforms we follow promise 90%+).",
         width=6, min=0, max=1, thresholds=((None, "red"), (0.8, "orange"), (0.9, "green"))),
+    Panel("Where the time went", "s", (
+        Target(RUNS("raypulse_run_time_seconds"), "{{run_id}} {{cause}}"),),
+        "Each run's wall time so far by cause (its launcher's ledger; they add up to the wall time): productive, "
+        "queued, provisioning, startup, detecting, stopping, backoff, redone, checkpoint_stall, lost_to_end.",
+        width=24, min=0, stack=True),
 ))
 
 REPORTING = Row("Progress reporting", (
