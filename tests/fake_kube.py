@@ -8,7 +8,10 @@ KubeRay's semantics kept here (rayjob_types.go / rayjob_controller.go): the depl
 Initializing -> Running -> Complete | Failed; with retries left (spec.backoffLimit) a failed attempt is
 stored as `jobStatus: FAILED` with `jobDeploymentStatus: Retrying` and the next attempt gets a new
 `status.jobId`; on activeDeadlineSeconds the deployment fails with reason DeadlineExceeded while
-`jobStatus` stays RUNNING; ValidationFailed comes before any attempt; a RayJob with Kueue's queue label
+`jobStatus` stays RUNNING; ValidationFailed comes before any attempt; an attempt's `status.jobId` and
+`rayClusterName` are set at New -> Initializing (rayjob_controller.go: `initRayJobStatusIfNeed`), before its
+RayCluster is ready, and its submitter Job and pod only once the cluster is ready (`ready_after_s` later: a GPU
+node's scale-up); a RayJob with Kueue's queue label
 is created suspended (Kueue's webhook) and waits as Suspended until admit(); one suspended while it runs
 goes Suspending -> Suspended, its submitter Job deleted and jobStatus reset. The driver's output is the
 log of the submitter Job's (`<RayJob name>`, one per attempt) pod, labelled
@@ -75,6 +78,9 @@ class Attempt:
     # Its driver prints only once somebody follows its pod's log (at most FOLLOW_WAIT_S): a job that runs long
     # enough for its log to be read, as real ones do, whatever the machine's load does to the follower.
     until_followed: bool = False
+    # Seconds from the attempt's jobId (Initializing) to its RayCluster being ready, and so to its submitter pod:
+    # a GPU node scale-up, an image pull.
+    ready_after_s: float = 0.0
 
 
 FOLLOW_WAIT_S = 60.0
@@ -291,6 +297,10 @@ class FakeApiServer:
             self._consumed[name] = self._consumed.get(name, 0) + 1
             self._clusters += 1
             cluster = f"{name}-raycluster-{self._clusters}"
+            job_id = obj["spec"].get("jobId") or f"{name}-{secrets.token_hex(4)}"  # KubeRay reuses a given one
+            # KubeRay names the attempt (jobId, rayClusterName) at New -> Initializing, before its cluster is ready
+            await self._status(path, jobDeploymentStatus="Initializing", jobId=job_id, rayClusterName=cluster)
+            await asyncio.sleep(attempt.ready_after_s)
             await self._ray_pod(namespace, cluster)
             job = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"  # the submitter Job, one per attempt
             await self._store(job, "ADDED", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
@@ -303,9 +313,7 @@ class FakeApiServer:
                              "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                              "labels": {JOB_NAME_LABEL: name}},
                 "status": {"phase": "Running"}})
-            job_id = obj["spec"].get("jobId") or f"{name}-{secrets.token_hex(4)}"  # KubeRay reuses a given one
-            await self._status(path, jobDeploymentStatus="Running", jobId=job_id,
-                               jobStatus="PENDING", rayClusterName=cluster, failed=number - 1)
+            await self._status(path, jobDeploymentStatus="Running", jobStatus="PENDING", failed=number - 1)
             await asyncio.sleep(self.step_s)
             await self._status(path, jobStatus="RUNNING")
             if attempt.until_followed:

@@ -54,6 +54,8 @@ WATCH_SECONDS = 60  # a watch asks the server to close it after this long; it is
 POLL_S = 0.5  # how often a submitter pod (or a deleted RayJob's end) is looked for
 VIEW_POLL_S = 0.05  # how often an attempt's log stream looks whether KubeRay started it (no API call)
 LOG_JOIN_S = 5.0  # an ended attempt's log stream gets this long to drain
+LOG_NOTICE_S = 120.0  # an attempt's submitter pod not there this long after its jobId is said in the journal
+LOG_BACKOFF_MAX_S = 10.0  # the longest pause between two looks for a submitter pod that is not there yet
 GONE_WAIT_S = 300.0  # a RayJob deleted to restart it gets this long to go (its pods stop, the finalizer runs)
 
 # KubeRay's failure reasons that are not the job's own failure (the run's infrastructure).
@@ -71,6 +73,8 @@ class _PodLog:
     write: Callable[[str], None]
     text: list[str] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
+    found: bool = False  # its submitter pod was found and read
+    noticed: bool = False  # the journal said the log is not there yet
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, name="rayjob-log", daemon=True)
@@ -83,6 +87,7 @@ class _PodLog:
             pod = self._pod()
             if pod is None:
                 return
+            self.found = True
             response = jobs.core.read_namespaced_pod_log(pod, jobs.namespace, follow=True, _preload_content=False)
             try:
                 for chunk in response.stream(4096):
@@ -96,30 +101,45 @@ class _PodLog:
         finally:
             self.done.set()
 
+    def _live(self) -> bool:
+        """The attempt may still have a submitter pod to read: the run goes on and KubeRay has not moved past it."""
+        jobs = self.jobs
+        return not jobs.finished.is_set() and not (jobs.number is not None and jobs.number > self.attempt)
+
     def _pod(self) -> str | None:
-        """The attempt's submitter pod: KubeRay creates it a moment after the attempt's jobId (which may be
-        long in coming: a RayJob waits in Kueue's queue until it is admitted)."""
-        jobs, deadline = self.jobs, None
-        while not jobs.finished.is_set() and (deadline is None or time.monotonic() < deadline):
+        """The attempt's submitter pod: KubeRay creates it once the attempt's RayCluster is ready, which may be
+        long after its jobId (a GPU node's scale-up, an image pull; a RayJob in Kueue's queue has none yet).
+        Looked for while the attempt lives, less often as the wait grows (LOG_BACKOFF_MAX_S), and once more
+        when it ended (its pod stays); the journal says once when it is not there after LOG_NOTICE_S."""
+        jobs, since, pause = self.jobs, None, POLL_S
+        while self._live():
             if self.attempt not in jobs.views:
-                if jobs.number is not None and jobs.number > self.attempt:
-                    return None  # it never started here: nothing of it to read
                 time.sleep(VIEW_POLL_S)
                 continue
-            if jobs.number is not None and jobs.number > self.attempt:
-                # A later attempt runs: KubeRay deleted this one's submitter pod, and the fresh one is the later's.
-                jobs.journal.reporter.warn(f"the driver's log of attempt {self.attempt} is gone: KubeRay replaced "
-                                           "its submitter pod before it could be read")
-                return None
-            deadline = deadline or time.monotonic() + 120
-            pods = jobs.core.list_namespaced_pod(jobs.namespace,
-                                                 label_selector=f"{JOB_NAME_LABEL}={jobs.name}").items
+            if since is None:
+                since = time.monotonic()
+            ended = jobs.has_ended(self.attempt)
+            try:
+                pods = jobs.core.list_namespaced_pod(jobs.namespace,
+                                                     label_selector=f"{JOB_NAME_LABEL}={jobs.name}").items
+            except Exception:  # noqa: BLE001 - the API server blinked: the pod is looked for again
+                pods = []
             fresh = sorted((pod for pod in pods if pod.metadata.uid not in jobs.pods_seen),
                            key=lambda pod: pod.metadata.creation_timestamp or 0)
-            if fresh:
+            if fresh and self._live():
                 jobs.pods_seen.add(fresh[-1].metadata.uid)
                 return fresh[-1].metadata.name
-            time.sleep(POLL_S)
+            if ended:
+                break
+            if not self.noticed and time.monotonic() - since >= LOG_NOTICE_S:
+                self.noticed = True
+                jobs.journal.emit("attempt.log_waiting", attempt=self.attempt, seconds=round(LOG_NOTICE_S))
+            time.sleep(pause)
+            pause = min(pause * 2, LOG_BACKOFF_MAX_S)
+        if jobs.number is not None and jobs.number > self.attempt and self.attempt in jobs.views:
+            # A later attempt runs: KubeRay deleted this one's submitter pod, and the fresh one is the later's.
+            jobs.journal.reporter.warn(f"the driver's log of attempt {self.attempt} is gone: KubeRay replaced "
+                                       "its submitter pod before it could be read")
         return None
 
 
@@ -259,6 +279,9 @@ class RayJobAttempts:
         if log is None:
             raise LookupError(f"the submitter pod's log of attempt {attempt} was not followed")
         log.done.wait(LOG_JOIN_S)
+        if not log.found:  # nothing was read: no empty saved log to hide the pod's, which `launcher logs` reads
+            raise LookupError(f"the driver's log of attempt {attempt} was never available here (its submitter pod "
+                              "was not found while the attempt ran); `launcher logs` reads the pod's while it is there")
         return "".join(log.text)
 
     # --- the RayJob's changes --------------------------------------------------------------------------
@@ -337,6 +360,9 @@ class RayJobAttempts:
         self.views[number] = Seen(job_id, "PENDING")
         self.number = number
         return number
+
+    def has_ended(self, attempt: int) -> bool:
+        return attempt in self._ended
 
     def _end(self, attempt: int, status: str, message: str | None, retried: bool = False) -> None:
         view = self.views[attempt]
