@@ -518,8 +518,9 @@ class Run:
                     fault = self.healing.poll(seen.job)  # the checks run beside; never waits for one
                     if fault is not None:
                         ending = "UNHEALTHY"
-                        # The faulty attempt as it stood (not delaying the stop).
-                        self._record(False, f"attempt {attempt} faulty")
+                        # The faulty attempt's last values, on this thread: a restart's stop may delete its
+                        # pods (KubeRay: the RayJob, foreground) before the round after it could read them.
+                        self._record(True, f"attempt {attempt} faulty")
                         self._stop_attempt(attempt, ending)
                         stop_sent_at = time.monotonic()
                         continue  # a backend that stops to restart knows at once: no wait for a poll

@@ -25,6 +25,11 @@ that node's server as the API server does (503 when nothing answers; every heade
 on). Nodes are cluster-scoped objects (get, merge-patch). A RayJob deleted and applied again under the same
 name goes on with its script's next attempt.
 
+Deletion (https://kubernetes.io/docs/concepts/overview/working-with-objects/finalizers/, KubeRay's
+`ray.io/rayjob-finalizer`): with `finalizer_held`, a RayJob deleted stays, with `metadata.deletionTimestamp`,
+and so do its RayCluster's pods (terminating: still listed, with their deletionTimestamp) as a finalizer
+that has not finished holds them.
+
 Outages (`outage(seconds)`): every request answers 503 ServiceUnavailable and the open watches end, as a
 kube-apiserver behind its load balancer does while it restarts (the client sees a closed stream, then
 503s or refused connections); KubeRay's controller goes on meanwhile (the RayJobs' scripts keep running),
@@ -162,6 +167,7 @@ class FakeApiServer:
         self.expired = 0  # watches answered 410 Gone
         self._down_until = 0.0  # monotonic time an outage ends (outage())
         self.refused = 0  # requests answered 503 during outages
+        self.finalizer_held = False  # a RayJob deleted now stays, terminating, as its finalizer holds it
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -467,6 +473,17 @@ class FakeApiServer:
                 return web.json_response(stored)
             if request.method == "DELETE":
                 obj = self.objects[path]
+                if self.finalizer_held and path in self._machines:  # the finalizer holds it: terminating, listed
+                    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                    cluster = (obj.get("status") or {}).get("rayClusterName")
+                    for key, pod in list(self.objects.items()):
+                        if key.startswith(f"/api/v1/namespaces/{rest[1]}/pods/") and cluster and (
+                                pod["metadata"].get("labels") or {}).get(RAY_CLUSTER_LABEL) == cluster:
+                            pod["metadata"]["deletionTimestamp"] = stamp
+                            await self._store(key, "MODIFIED", pod)
+                    obj["metadata"]["deletionTimestamp"] = stamp
+                    await self._store(path, "MODIFIED", obj)
+                    return web.json_response(obj)
                 machine = self._machines.pop(path, None)
                 if machine is not None:
                     machine.cancel()

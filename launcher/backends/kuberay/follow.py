@@ -42,7 +42,7 @@ from launcher.errors import BadInput, InfraError
 from launcher.jobs import ClusterLost
 from launcher.journal import Journal
 from launcher.run import LOST_AFTER_S, finish_run
-from launcher.state import RunRecord
+from launcher.state import RunRecord, stop_requested
 
 if TYPE_CHECKING:
     from launcher.backends.kuberay.render import Applied
@@ -261,11 +261,14 @@ class RayJobAttempts:
         evidence.keep(self, attempt)  # its stacks and pods' logs, before the delete takes them (bounded)
         with self._taking:
             self._generation += 1  # the deleted RayJob's watch ends; its news is dropped
+        self.cluster_name = None  # its pods are no targets of the watcher or the recorder from now
         self._delete(foreground=True)
         gone = self._gone()
         with self._taking:
             if attempt in self.views and attempt not in self._ended:
                 self._end(attempt, "STOPPED", why)
+        if gone is None:
+            raise RunEnds("STOPPED", f"stop requested while the RayJob {self.name}, deleted to restart it, was going")
         if not gone:
             raise RunEnds("INFRA_ERROR", f"the RayJob {self.name}, deleted to restart it, was still there after "
                           f"{GONE_WAIT_S:.0f}s")
@@ -426,13 +429,16 @@ class RayJobAttempts:
                 failed = True
                 time.sleep(1)
 
-    def _gone(self) -> bool:
-        """Wait until the RayJob is gone (True), or GONE_WAIT_S passed."""
+    def _gone(self) -> bool | None:
+        """Wait until the RayJob is gone (True), or GONE_WAIT_S passed (False), or a stop is requested (None:
+        its finalizer may hold it long; the delete goes on without the launcher)."""
         from kubernetes.client.rest import ApiException
         from urllib3.exceptions import HTTPError
 
         deadline = time.monotonic() + GONE_WAIT_S
         while time.monotonic() < deadline:
+            if stop_requested(self.record.run_id):
+                return None
             try:
                 self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
             except ApiException as exc:
