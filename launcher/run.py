@@ -170,6 +170,8 @@ def update_attempt(record: RunRecord, attempt: int, seen: Seen) -> AttemptRecord
         item = AttemptRecord(attempt=attempt, submission_id=sid)
         record.attempts.append(item)
         record.attempts.sort(key=lambda entry: entry.attempt)
+    if seen.submission_id and item.submission_id != seen.submission_id and item.running_at is None:
+        item.submission_id = seen.submission_id  # renamed before it ran (KubeRay under Kueue)
     item.status = seen.status
     # Ray appends the log's tail to a failure message; the log is kept whole beside the run.
     item.message = (seen.message or "").split("\n", 1)[0].split(", last available logs", 1)[0].rstrip(":, ") or None

@@ -12,7 +12,9 @@ stored as `jobStatus: FAILED` with `jobDeploymentStatus: Retrying` and the next 
 `rayClusterName` are set at New -> Initializing (rayjob_controller.go: `initRayJobStatusIfNeed`), before its
 RayCluster is ready, and its submitter Job and pod only once the cluster is ready (`ready_after_s` later: a GPU
 node's scale-up); a RayJob with Kueue's queue label
-is created suspended (Kueue's webhook) and waits as Suspended until admit(); one suspended while it runs
+is created suspended (Kueue's webhook), is named at Initializing all the same, then goes Suspending ->
+Suspended with its jobId and rayClusterName reset (rayjob_controller.go's Suspending case), and waits as
+Suspended until admit(), when its attempt gets a new jobId; one suspended while it runs
 goes Suspending -> Suspended, its submitter Job deleted and jobStatus reset. The driver's output is the
 log of the submitter Job's (`<RayJob name>`, one per attempt) pod, labelled
 `batch.kubernetes.io/job-name=<RayJob name>`.
@@ -289,7 +291,14 @@ class FakeApiServer:
         script = self.scripts.get(name, [Attempt()])
         await asyncio.sleep(self.step_s)
         if obj["spec"].get("suspend"):  # Kueue's webhook suspended it: it waits for admission (admit())
-            await self._status(path, jobDeploymentStatus="Suspended")
+            # KubeRay names an attempt at New -> Initializing even so, then suspends it and resets the name
+            await self._status(path, jobDeploymentStatus="Initializing", jobId=f"{name}-{secrets.token_hex(4)}",
+                               rayClusterName=f"{name}-raycluster-queued")
+            watched = self.watches  # the follower sees the name (as it may on a real cluster) before the reset
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._watched_after(watched), FOLLOW_WAIT_S)
+            await self._status(path, jobDeploymentStatus="Suspending")
+            await self._status(path, jobDeploymentStatus="Suspended", jobId="", rayClusterName="", jobStatus="")
             while path in self.objects and self.objects[path]["spec"].get("suspend"):
                 await asyncio.sleep(self.step_s)
         await self._status(path, jobDeploymentStatus="Initializing")
@@ -358,6 +367,11 @@ class FakeApiServer:
             await self._status(path, jobStatus="FAILED", jobDeploymentStatus="Failed", reason="AppFailed",
                                message="Job failed: the driver exited with code 1", failed=number)
             return
+
+    async def _watched_after(self, count: int) -> None:
+        while self.watches <= count:
+            await asyncio.sleep(self.step_s)
+        await asyncio.sleep(self.step_s)
 
     async def _ray_pod(self, namespace: str, cluster: str) -> None:
         """The RayCluster's Ray pods, labelled as KubeRay labels them (`ray.io/cluster`, `ray.io/node-type`), the

@@ -343,3 +343,20 @@ def test_a_driver_log_that_comes_late_is_waited_for_said_once_and_saved(env: dic
     saved = launcher(env, "logs", "late-log")
     assert saved.returncode == 0, saved.stderr
     assert saved.stdout.splitlines() == lines
+
+
+def test_under_kueue_the_attempt_renamed_at_admission_is_one_attempt(env: dict[str, str],
+                                                                     api_server: FakeApiServer):
+    # KubeRay names the queued RayJob's attempt, Kueue suspends it (the name reset), admission names it again.
+    api_server.scripts["queued-2"] = [Attempt("SUCCEEDED", ["done"])]
+    process = submitting(env, "queued-2", "--queue", "team-nlp")
+    try:
+        wait_until(lambda: (api_server.rayjob(NAMESPACE, "queued-2") or {}).get("status", {}).get(
+            "jobDeploymentStatus") == "Suspended", 60, "Kueue to hold the RayJob")
+        api_server.admit(NAMESPACE, "queued-2")
+        assert process.wait(60) == 0, process.stderr.read()
+    finally:
+        process.kill()
+    run = record(env, "queued-2")
+    assert (run["state"], len(run["attempts"])) == ("SUCCEEDED", 1)
+    assert run["attempts"][0]["submission_id"] == api_server.rayjob(NAMESPACE, "queued-2")["status"]["jobId"]

@@ -11,7 +11,9 @@ What KubeRay stores, and how it is read here (rayjob_types.go, rayjob_controller
 - ValidationFailed is not terminal by KubeRay's own helper: a follower that waits for a terminal state
   waits for ever; here it ends the run as bad input, and the RayJob (which never ran) is deleted so the
   corrected spec can be applied under the same run id;
-- each retry has a new `status.jobId`: a new attempt in the journal;
+- each retry has a new `status.jobId`: a new attempt in the journal; but KubeRay names an attempt at
+  New -> Initializing, and under Kueue suspends it before it runs (resetting the jobId) and names it
+  again on admission: that is the same attempt, renamed, never a failed one;
 - the driver's output is the submitter Job's pod log (`batch.kubernetes.io/job-name=<RayJob>`); a retry
   replaces that pod, so each attempt's log is saved as it streams.
 
@@ -188,6 +190,7 @@ class RayJobAttempts:
         self._logs: dict[int, _PodLog] = {}
         self.pods_seen: set[str] = set()
         self._stopping: str | None = None
+        self._renamed = False  # the current attempt lost its jobId to Kueue's suspend before it ran
 
     @property
     def record(self) -> RunRecord:
@@ -332,7 +335,14 @@ class RayJobAttempts:
         # A new jobId is the next attempt; so is the same one coming back after a retry (a user's
         # --submission-id is the RayJob's spec.jobId, which KubeRay reuses on every retry).
         again = current in self._ended and deployment == "Running" and job_status in ("PENDING", "RUNNING")
-        if job_id and (view is None or view.submission_id != job_id or again):
+        never_ran = current is not None and view is not None and current not in self._ended and \
+            view.status == "PENDING"
+        if not job_id and deployment in ("Suspending", "Suspended") and never_ran and not self._stopping:
+            self._renamed = True  # Kueue suspended it before it ran: KubeRay names it again on admission
+        if job_id and view is not None and never_ran and self._renamed and view.submission_id != job_id:
+            self._renamed = False
+            view.submission_id = job_id  # the same attempt, under its new name: no phantom failure
+        elif job_id and (view is None or view.submission_id != job_id or again):
             if current is not None and view is not None and current not in self._ended:
                 self._end(current, "FAILED", message)  # KubeRay moved on: the last attempt failed
             current = self._started(job_id)
