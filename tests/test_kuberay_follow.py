@@ -323,3 +323,40 @@ def test_the_servers_trouble_is_infrastructure_and_the_requests_fault_is_bad_inp
     for own in (failed(403, "Forbidden"), failed(422, "Unprocessable Entity"), failed(400, "Bad Request")):
         assert not transient(own)
         assert isinstance(api_error(own, access, "create rayjobs", "team-a"), BadInput)
+
+
+def test_a_driver_log_that_comes_late_is_waited_for_said_once_and_saved(env: dict[str, str],
+                                                                       api_server: FakeApiServer):
+    # KubeRay names the attempt long before its submitter pod exists (a GPU node's scale-up): the follower
+    # says so once and keeps looking (its notice after 0.5 s here instead of 120 s), then streams and saves it.
+    lines = [f"step {step}" for step in range(1, 6)]
+    api_server.scripts["late-log"] = [Attempt("SUCCEEDED", lines, ready_after_s=3.0)]
+    injected = ("import launcher.backends.kuberay.follow as follow; follow.LOG_NOTICE_S = 0.5; "
+                "from launcher.console import main; main()")
+    result = subprocess.run([sys.executable, "-c", injected, "submit", "--backend", "kuberay", "--run-id",
+                             "late-log", "--", "python train.py"], capture_output=True, text=True, cwd=REPO,
+                            env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if line.startswith("step ")] == lines
+    run = record(env, "late-log")
+    assert [event["kind"] for event in run["events"]].count("attempt.log_waiting") == 1
+    saved = launcher(env, "logs", "late-log")
+    assert saved.returncode == 0, saved.stderr
+    assert saved.stdout.splitlines() == lines
+
+
+def test_under_kueue_the_attempt_renamed_at_admission_is_one_attempt(env: dict[str, str],
+                                                                     api_server: FakeApiServer):
+    # KubeRay names the queued RayJob's attempt, Kueue suspends it (the name reset), admission names it again.
+    api_server.scripts["queued-2"] = [Attempt("SUCCEEDED", ["done"])]
+    process = submitting(env, "queued-2", "--queue", "team-nlp")
+    try:
+        wait_until(lambda: (api_server.rayjob(NAMESPACE, "queued-2") or {}).get("status", {}).get(
+            "jobDeploymentStatus") == "Suspended", 60, "Kueue to hold the RayJob")
+        api_server.admit(NAMESPACE, "queued-2")
+        assert process.wait(60) == 0, process.stderr.read()
+    finally:
+        process.kill()
+    run = record(env, "queued-2")
+    assert (run["state"], len(run["attempts"])) == ("SUCCEEDED", 1)
+    assert run["attempts"][0]["submission_id"] == api_server.rayjob(NAMESPACE, "queued-2")["status"]["jobId"]
