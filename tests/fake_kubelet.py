@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from exporter.collectors.gpu.podresources import GPU_RESOURCE, MESSAGES, RPCS, SERVICE
+from exporter.collectors.gpu.podresources import GPU_RESOURCE, RPCS, SERVICE, messages
 
 
 class FakeKubelet:
@@ -33,8 +33,8 @@ class FakeKubelet:
         self.calls = 0
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         handlers = {rpc: grpc.unary_unary_rpc_method_handler(
-            getattr(self, rpc), request_deserializer=MESSAGES[request].FromString,
-            response_serializer=MESSAGES[response].SerializeToString) for rpc, (request, response) in RPCS.items()}
+            getattr(self, rpc), request_deserializer=messages()[request].FromString,
+            response_serializer=messages()[response].SerializeToString) for rpc, (request, response) in RPCS.items()}
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         self._server.add_insecure_port(f"unix://{socket}")
 
@@ -57,7 +57,7 @@ class FakeKubelet:
 
     def List(self, request, context):
         self._answer(context)
-        response = MESSAGES["ListPodResourcesResponse"]()
+        response = messages()["ListPodResourcesResponse"]()
         for (namespace, name), containers in self.pods.items():
             pod = response.pod_resources.add(name=name, namespace=namespace)
             for container, uuids in containers.items():
@@ -66,6 +66,6 @@ class FakeKubelet:
 
     def GetAllocatableResources(self, request, context):
         self._answer(context)
-        response = MESSAGES["AllocatableResourcesResponse"]()
+        response = messages()["AllocatableResourcesResponse"]()
         response.devices.add(resource_name=GPU_RESOURCE, device_ids=self.gpus)
         return response

@@ -19,6 +19,7 @@ the first failure after a success is logged once, and raypulse_gpu_pod_resources
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -26,9 +27,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-
-import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from exporter.contract import wire
 from exporter.framework.shared import UNKNOWN_OWNERS, GpuOwners
@@ -39,30 +37,34 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SERVICE = "v1.PodResourcesLister"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # dcgm-exporter's bound for a List answer
 
-_F = descriptor_pb2.FieldDescriptorProto
 # message -> (field, number, type, repeated, message type) as api.proto declares them
-_MESSAGES: dict[str, tuple[tuple[str, int, int, bool, str], ...]] = {
+_MESSAGES: dict[str, tuple[tuple[str, int, str, bool, str], ...]] = {
     "ListPodResourcesRequest": (),
-    "ListPodResourcesResponse": (("pod_resources", 1, _F.TYPE_MESSAGE, True, "PodResources"),),
-    "PodResources": (("name", 1, _F.TYPE_STRING, False, ""), ("namespace", 2, _F.TYPE_STRING, False, ""),
-                     ("containers", 3, _F.TYPE_MESSAGE, True, "ContainerResources")),
-    "ContainerResources": (("name", 1, _F.TYPE_STRING, False, ""),
-                           ("devices", 2, _F.TYPE_MESSAGE, True, "ContainerDevices")),
-    "ContainerDevices": (("resource_name", 1, _F.TYPE_STRING, False, ""),
-                         ("device_ids", 2, _F.TYPE_STRING, True, "")),
+    "ListPodResourcesResponse": (("pod_resources", 1, "message", True, "PodResources"),),
+    "PodResources": (("name", 1, "string", False, ""), ("namespace", 2, "string", False, ""),
+                     ("containers", 3, "message", True, "ContainerResources")),
+    "ContainerResources": (("name", 1, "string", False, ""), ("devices", 2, "message", True, "ContainerDevices")),
+    "ContainerDevices": (("resource_name", 1, "string", False, ""), ("device_ids", 2, "string", True, "")),
     "AllocatableResourcesRequest": (),
-    "AllocatableResourcesResponse": (("devices", 1, _F.TYPE_MESSAGE, True, "ContainerDevices"),),
+    "AllocatableResourcesResponse": (("devices", 1, "message", True, "ContainerDevices"),),
 }
 
 
-def _message_classes() -> dict[str, Any]:
+@functools.cache
+def messages() -> dict[str, Any]:
+    """The message classes, built at the first read (protobuf and grpc are imported only on a node whose
+    kubelet socket is there: most exporters never pay for them)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    kinds = descriptor_pb2.FieldDescriptorProto
+    types = {"message": kinds.TYPE_MESSAGE, "string": kinds.TYPE_STRING}
     proto = descriptor_pb2.FileDescriptorProto(name="raypulse/kubelet/podresources/v1/api.proto", package="v1",
                                                syntax="proto3")
     for name, fields in _MESSAGES.items():
         message = proto.message_type.add(name=name)
         for field, number, kind, repeated, type_name in fields:
-            added = message.field.add(name=field, number=number, type=kind,
-                                      label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
+            added = message.field.add(name=field, number=number, type=types[kind],
+                                      label=kinds.LABEL_REPEATED if repeated else kinds.LABEL_OPTIONAL)
             if type_name:
                 added.type_name = f".v1.{type_name}"
     pool = descriptor_pool.DescriptorPool()
@@ -70,7 +72,6 @@ def _message_classes() -> dict[str, Any]:
     return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"v1.{name}")) for name in _MESSAGES}
 
 
-MESSAGES = _message_classes()
 # rpc -> (request, response), as api.proto's service declares them
 RPCS = {"List": ("ListPodResourcesRequest", "ListPodResourcesResponse"),
         "GetAllocatableResources": ("AllocatableResourcesRequest", "AllocatableResourcesResponse")}
@@ -107,7 +108,7 @@ class PodResourcesReader:
         self.refresh_seconds, self.timeout_seconds = refresh_seconds, timeout_seconds
         self.own = own
         self._clock = clock
-        self._channel: grpc.Channel | None = None
+        self._channel: Any = None  # a grpc.Channel, once the socket was read
         self._due = -float("inf")
         self._owners = UNKNOWN_OWNERS
         self.up: bool | None = None  # None: not in use (no socket at the standard path, or turned off)
@@ -121,6 +122,8 @@ class PodResourcesReader:
         self._due = now + self.refresh_seconds
         if self.up is None and self.socket == Path(wire.POD_RESOURCES_SOCKET) and not self.socket.exists():
             return self._owners  # not on a Kubernetes node: off, nothing to say
+        import grpc  # only where the kubelet's socket is
+
         try:
             response = self._call("List")
             self.allocatable = frozenset(uuid for devices in self._call("GetAllocatableResources").devices
@@ -147,7 +150,9 @@ class PodResourcesReader:
                         ", ".join(sorted(self.allocatable)[:4]))
 
     def _call(self, rpc: str) -> Any:
-        request, response = (MESSAGES[name] for name in RPCS[rpc])
+        import grpc
+
+        request, response = (messages()[name] for name in RPCS[rpc])
         if not self.socket.exists():  # type: ignore[union-attr]
             raise OSError(f"no socket at {self.socket}")
         if self._channel is None:
