@@ -108,9 +108,6 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("attempt.running", say=lambda d: f"{_attempt_of(d)} RUNNING"),
     Kind("attempt.stopping", say=lambda d: f"stopping attempt {d['attempt']} ({d['why']})", audit="attempt.stop",
          result=lambda _: "sent"),
-    Kind("attempt.log_waiting", level="warn", say=lambda d: f"the driver's log of attempt {d['attempt']} is not "
-         f"available yet: no submitter pod {d['seconds']}s after KubeRay started it (its RayCluster is not ready: "
-         "a node scale-up, an image pull); still looking"),
     Kind("attempt.finished", say=_finished),
     Kind("retry.scheduled", say=lambda d: f"attempt {d['attempt']} {_why_again(d)}; attempt {d['attempt'] + 1} in "
                                           f"{d['delay']:g}s"),

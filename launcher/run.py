@@ -171,8 +171,6 @@ def update_attempt(record: RunRecord, attempt: int, seen: Seen) -> AttemptRecord
         item = AttemptRecord(attempt=attempt, submission_id=sid)
         record.attempts.append(item)
         record.attempts.sort(key=lambda entry: entry.attempt)
-    if seen.submission_id and item.submission_id != seen.submission_id and item.running_at is None:
-        item.submission_id = seen.submission_id  # renamed before it ran (KubeRay under Kueue)
     item.status = seen.status
     # Ray appends the log's tail to a failure message; the log is kept whole beside the run.
     item.message = (seen.message or "").split("\n", 1)[0].split(", last available logs", 1)[0].rstrip(":, ") or None
@@ -524,9 +522,8 @@ class Run:
                     fault = self.healing.poll(seen.job)  # the checks run beside; never waits for one
                     if fault is not None:
                         ending = "UNHEALTHY"
-                        # The faulty attempt's last values, on this thread: a restart's stop may delete its
-                        # pods (KubeRay: the RayJob, foreground) before the round after it could read them.
-                        self._record(True, f"attempt {attempt} faulty")
+                        # The faulty attempt as it stood (not delaying the stop).
+                        self._record(False, f"attempt {attempt} faulty")
                         self._stop_attempt(attempt, ending)
                         stop_sent_at = time.monotonic()
                         continue  # a backend that stops to restart knows at once: no wait for a poll

@@ -8,13 +8,8 @@ KubeRay's semantics kept here (rayjob_types.go / rayjob_controller.go): the depl
 Initializing -> Running -> Complete | Failed; with retries left (spec.backoffLimit) a failed attempt is
 stored as `jobStatus: FAILED` with `jobDeploymentStatus: Retrying` and the next attempt gets a new
 `status.jobId`; on activeDeadlineSeconds the deployment fails with reason DeadlineExceeded while
-`jobStatus` stays RUNNING; ValidationFailed comes before any attempt; an attempt's `status.jobId` and
-`rayClusterName` are set at New -> Initializing (rayjob_controller.go: `initRayJobStatusIfNeed`), before its
-RayCluster is ready, and its submitter Job and pod only once the cluster is ready (`ready_after_s` later: a GPU
-node's scale-up); a RayJob with Kueue's queue label
-is created suspended (Kueue's webhook), is named at Initializing all the same, then goes Suspending ->
-Suspended with its jobId and rayClusterName reset (rayjob_controller.go's Suspending case), and waits as
-Suspended until admit(), when its attempt gets a new jobId; one suspended while it runs
+`jobStatus` stays RUNNING; ValidationFailed comes before any attempt; a RayJob with Kueue's queue label
+is created suspended (Kueue's webhook) and waits as Suspended until admit(); one suspended while it runs
 goes Suspending -> Suspended, its submitter Job deleted and jobStatus reset. The driver's output is the
 log of the submitter Job's (`<RayJob name>`, one per attempt) pod, labelled
 `batch.kubernetes.io/job-name=<RayJob name>`.
@@ -26,11 +21,6 @@ pod labelled `ray.io/cluster=<status.rayClusterName>` on the first node that is 
 that node's server as the API server does (503 when nothing answers; every header but Authorization goes
 on). Nodes are cluster-scoped objects (get, merge-patch). A RayJob deleted and applied again under the same
 name goes on with its script's next attempt.
-
-Deletion (https://kubernetes.io/docs/concepts/overview/working-with-objects/finalizers/, KubeRay's
-`ray.io/rayjob-finalizer`): with `finalizer_held`, a RayJob deleted stays, with `metadata.deletionTimestamp`,
-and so do its RayCluster's pods (terminating: still listed, with their deletionTimestamp) as a finalizer
-that has not finished holds them.
 
 Outages (`outage(seconds)`): every request answers 503 ServiceUnavailable and the open watches end, as a
 kube-apiserver behind its load balancer does while it restarts (the client sees a closed stream, then
@@ -85,9 +75,6 @@ class Attempt:
     # Its driver prints only once somebody follows its pod's log (at most FOLLOW_WAIT_S): a job that runs long
     # enough for its log to be read, as real ones do, whatever the machine's load does to the follower.
     until_followed: bool = False
-    # Seconds from the attempt's jobId (Initializing) to its RayCluster being ready, and so to its submitter pod:
-    # a GPU node scale-up, an image pull.
-    ready_after_s: float = 0.0
 
 
 FOLLOW_WAIT_S = 60.0
@@ -169,7 +156,6 @@ class FakeApiServer:
         self.expired = 0  # watches answered 410 Gone
         self._down_until = 0.0  # monotonic time an outage ends (outage())
         self.refused = 0  # requests answered 503 during outages
-        self.finalizer_held = False  # a RayJob deleted now stays, terminating, as its finalizer holds it
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -291,14 +277,7 @@ class FakeApiServer:
         script = self.scripts.get(name, [Attempt()])
         await asyncio.sleep(self.step_s)
         if obj["spec"].get("suspend"):  # Kueue's webhook suspended it: it waits for admission (admit())
-            # KubeRay names an attempt at New -> Initializing even so, then suspends it and resets the name
-            await self._status(path, jobDeploymentStatus="Initializing", jobId=f"{name}-{secrets.token_hex(4)}",
-                               rayClusterName=f"{name}-raycluster-queued")
-            watched = self.watches  # the follower sees the name (as it may on a real cluster) before the reset
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._watched_after(watched), FOLLOW_WAIT_S)
-            await self._status(path, jobDeploymentStatus="Suspending")
-            await self._status(path, jobDeploymentStatus="Suspended", jobId="", rayClusterName="", jobStatus="")
+            await self._status(path, jobDeploymentStatus="Suspended")
             while path in self.objects and self.objects[path]["spec"].get("suspend"):
                 await asyncio.sleep(self.step_s)
         await self._status(path, jobDeploymentStatus="Initializing")
@@ -312,10 +291,6 @@ class FakeApiServer:
             self._consumed[name] = self._consumed.get(name, 0) + 1
             self._clusters += 1
             cluster = f"{name}-raycluster-{self._clusters}"
-            job_id = obj["spec"].get("jobId") or f"{name}-{secrets.token_hex(4)}"  # KubeRay reuses a given one
-            # KubeRay names the attempt (jobId, rayClusterName) at New -> Initializing, before its cluster is ready
-            await self._status(path, jobDeploymentStatus="Initializing", jobId=job_id, rayClusterName=cluster)
-            await asyncio.sleep(attempt.ready_after_s)
             await self._ray_pod(namespace, cluster)
             job = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"  # the submitter Job, one per attempt
             await self._store(job, "ADDED", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
@@ -328,7 +303,9 @@ class FakeApiServer:
                              "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                              "labels": {JOB_NAME_LABEL: name}},
                 "status": {"phase": "Running"}})
-            await self._status(path, jobDeploymentStatus="Running", jobStatus="PENDING", failed=number - 1)
+            job_id = obj["spec"].get("jobId") or f"{name}-{secrets.token_hex(4)}"  # KubeRay reuses a given one
+            await self._status(path, jobDeploymentStatus="Running", jobId=job_id,
+                               jobStatus="PENDING", rayClusterName=cluster, failed=number - 1)
             await asyncio.sleep(self.step_s)
             await self._status(path, jobStatus="RUNNING")
             if attempt.until_followed:
@@ -367,11 +344,6 @@ class FakeApiServer:
             await self._status(path, jobStatus="FAILED", jobDeploymentStatus="Failed", reason="AppFailed",
                                message="Job failed: the driver exited with code 1", failed=number)
             return
-
-    async def _watched_after(self, count: int) -> None:
-        while self.watches <= count:
-            await asyncio.sleep(self.step_s)
-        await asyncio.sleep(self.step_s)
 
     async def _ray_pod(self, namespace: str, cluster: str) -> None:
         """The RayCluster's Ray pods, labelled as KubeRay labels them (`ray.io/cluster`, `ray.io/node-type`), the
@@ -487,17 +459,6 @@ class FakeApiServer:
                 return web.json_response(stored)
             if request.method == "DELETE":
                 obj = self.objects[path]
-                if self.finalizer_held and path in self._machines:  # the finalizer holds it: terminating, listed
-                    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-                    cluster = (obj.get("status") or {}).get("rayClusterName")
-                    for key, pod in list(self.objects.items()):
-                        if key.startswith(f"/api/v1/namespaces/{rest[1]}/pods/") and cluster and (
-                                pod["metadata"].get("labels") or {}).get(RAY_CLUSTER_LABEL) == cluster:
-                            pod["metadata"]["deletionTimestamp"] = stamp
-                            await self._store(key, "MODIFIED", pod)
-                    obj["metadata"]["deletionTimestamp"] = stamp
-                    await self._store(path, "MODIFIED", obj)
-                    return web.json_response(obj)
                 machine = self._machines.pop(path, None)
                 if machine is not None:
                     machine.cancel()

@@ -244,23 +244,3 @@ def test_a_read_through_the_proxy_keeps_the_readers_bounds(tmp_path: Path, ca: t
         with pytest.raises(ReadError) as error:
             PodProxyReader(access.api_client, NAMESPACE, pod, 8080)(wire.METRICS_PATH, 5.0)
     assert words in str(error.value)
-
-
-def test_a_stop_while_the_restarts_delete_is_held_ends_the_run_stopped(env: dict[str, str],
-                                                                       api_server: FakeApiServer,
-                                                                       exporters: dict[str, ExporterLike]):
-    # KubeRay's finalizer holds the deleted RayJob (and its pods terminate): a stop meanwhile is seen at once.
-    api_server.scripts["held-1"] = [Attempt("HOLD", ["step 7"]), Attempt("SUCCEEDED", ["never"])]
-    api_server.finalizer_held = True
-    process = start(env, "held-1", "--max-retries", "1", *HEALTH)
-    try:
-        exporters["node-a"].text = training(job_id(api_server, "held-1"), step=7, checkpoint=5)
-        wait_until(lambda: "deletionTimestamp" in (api_server.rayjob(NAMESPACE, "held-1") or {}).get(
-            "metadata", {}), 60, "the restart's delete")
-        assert launcher(env, "stop", "held-1").returncode == 0
-        assert process.wait(60) == 3, process.stderr.read()
-    finally:
-        process.kill()
-    assert len(applied_rayjobs(api_server)) == 1  # the next attempt was never applied
-    run = record(env, "held-1")
-    assert (run["state"], run["exit_code"], len(run["attempts"])) == ("STOPPED", 3, 1)

@@ -11,9 +11,7 @@ What KubeRay stores, and how it is read here (rayjob_types.go, rayjob_controller
 - ValidationFailed is not terminal by KubeRay's own helper: a follower that waits for a terminal state
   waits for ever; here it ends the run as bad input, and the RayJob (which never ran) is deleted so the
   corrected spec can be applied under the same run id;
-- each retry has a new `status.jobId`: a new attempt in the journal; but KubeRay names an attempt at
-  New -> Initializing, and under Kueue suspends it before it runs (resetting the jobId) and names it
-  again on admission: that is the same attempt, renamed, never a failed one;
+- each retry has a new `status.jobId`: a new attempt in the journal;
 - the driver's output is the submitter Job's pod log (`batch.kubernetes.io/job-name=<RayJob>`); a retry
   replaces that pod, so each attempt's log is saved as it streams.
 
@@ -44,7 +42,7 @@ from launcher.errors import BadInput, InfraError
 from launcher.jobs import ClusterLost
 from launcher.journal import Journal
 from launcher.run import LOST_AFTER_S, finish_run
-from launcher.state import RunRecord, stop_requested
+from launcher.state import RunRecord
 
 if TYPE_CHECKING:
     from launcher.backends.kuberay.render import Applied
@@ -56,8 +54,6 @@ WATCH_SECONDS = 60  # a watch asks the server to close it after this long; it is
 POLL_S = 0.5  # how often a submitter pod (or a deleted RayJob's end) is looked for
 VIEW_POLL_S = 0.05  # how often an attempt's log stream looks whether KubeRay started it (no API call)
 LOG_JOIN_S = 5.0  # an ended attempt's log stream gets this long to drain
-LOG_NOTICE_S = 120.0  # an attempt's submitter pod not there this long after its jobId is said in the journal
-LOG_BACKOFF_MAX_S = 10.0  # the longest pause between two looks for a submitter pod that is not there yet
 GONE_WAIT_S = 300.0  # a RayJob deleted to restart it gets this long to go (its pods stop, the finalizer runs)
 
 # KubeRay's failure reasons that are not the job's own failure (the run's infrastructure).
@@ -75,8 +71,6 @@ class _PodLog:
     write: Callable[[str], None]
     text: list[str] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
-    found: bool = False  # its submitter pod was found and read
-    noticed: bool = False  # the journal said the log is not there yet
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, name="rayjob-log", daemon=True)
@@ -89,7 +83,6 @@ class _PodLog:
             pod = self._pod()
             if pod is None:
                 return
-            self.found = True
             response = jobs.core.read_namespaced_pod_log(pod, jobs.namespace, follow=True, _preload_content=False)
             try:
                 for chunk in response.stream(4096):
@@ -103,45 +96,30 @@ class _PodLog:
         finally:
             self.done.set()
 
-    def _live(self) -> bool:
-        """The attempt may still have a submitter pod to read: the run goes on and KubeRay has not moved past it."""
-        jobs = self.jobs
-        return not jobs.finished.is_set() and not (jobs.number is not None and jobs.number > self.attempt)
-
     def _pod(self) -> str | None:
-        """The attempt's submitter pod: KubeRay creates it once the attempt's RayCluster is ready, which may be
-        long after its jobId (a GPU node's scale-up, an image pull; a RayJob in Kueue's queue has none yet).
-        Looked for while the attempt lives, less often as the wait grows (LOG_BACKOFF_MAX_S), and once more
-        when it ended (its pod stays); the journal says once when it is not there after LOG_NOTICE_S."""
-        jobs, since, pause = self.jobs, None, POLL_S
-        while self._live():
+        """The attempt's submitter pod: KubeRay creates it a moment after the attempt's jobId (which may be
+        long in coming: a RayJob waits in Kueue's queue until it is admitted)."""
+        jobs, deadline = self.jobs, None
+        while not jobs.finished.is_set() and (deadline is None or time.monotonic() < deadline):
             if self.attempt not in jobs.views:
+                if jobs.number is not None and jobs.number > self.attempt:
+                    return None  # it never started here: nothing of it to read
                 time.sleep(VIEW_POLL_S)
                 continue
-            if since is None:
-                since = time.monotonic()
-            ended = jobs.has_ended(self.attempt)
-            try:
-                pods = jobs.core.list_namespaced_pod(jobs.namespace,
-                                                     label_selector=f"{JOB_NAME_LABEL}={jobs.name}").items
-            except Exception:  # noqa: BLE001 - the API server blinked: the pod is looked for again
-                pods = []
+            if jobs.number is not None and jobs.number > self.attempt:
+                # A later attempt runs: KubeRay deleted this one's submitter pod, and the fresh one is the later's.
+                jobs.journal.reporter.warn(f"the driver's log of attempt {self.attempt} is gone: KubeRay replaced "
+                                           "its submitter pod before it could be read")
+                return None
+            deadline = deadline or time.monotonic() + 120
+            pods = jobs.core.list_namespaced_pod(jobs.namespace,
+                                                 label_selector=f"{JOB_NAME_LABEL}={jobs.name}").items
             fresh = sorted((pod for pod in pods if pod.metadata.uid not in jobs.pods_seen),
                            key=lambda pod: pod.metadata.creation_timestamp or 0)
-            if fresh and self._live():
+            if fresh:
                 jobs.pods_seen.add(fresh[-1].metadata.uid)
                 return fresh[-1].metadata.name
-            if ended:
-                break
-            if not self.noticed and time.monotonic() - since >= LOG_NOTICE_S:
-                self.noticed = True
-                jobs.journal.emit("attempt.log_waiting", attempt=self.attempt, seconds=round(LOG_NOTICE_S))
-            time.sleep(pause)
-            pause = min(pause * 2, LOG_BACKOFF_MAX_S)
-        if jobs.number is not None and jobs.number > self.attempt and self.attempt in jobs.views:
-            # A later attempt runs: KubeRay deleted this one's submitter pod, and the fresh one is the later's.
-            jobs.journal.reporter.warn(f"the driver's log of attempt {self.attempt} is gone: KubeRay replaced "
-                                       "its submitter pod before it could be read")
+            time.sleep(POLL_S)
         return None
 
 
@@ -190,7 +168,6 @@ class RayJobAttempts:
         self._logs: dict[int, _PodLog] = {}
         self.pods_seen: set[str] = set()
         self._stopping: str | None = None
-        self._renamed = False  # the current attempt lost its jobId to Kueue's suspend before it ran
 
     @property
     def record(self) -> RunRecord:
@@ -264,14 +241,11 @@ class RayJobAttempts:
         evidence.keep(self, attempt)  # its stacks and pods' logs, before the delete takes them (bounded)
         with self._taking:
             self._generation += 1  # the deleted RayJob's watch ends; its news is dropped
-        self.cluster_name = None  # its pods are no targets of the watcher or the recorder from now
         self._delete(foreground=True)
         gone = self._gone()
         with self._taking:
             if attempt in self.views and attempt not in self._ended:
                 self._end(attempt, "STOPPED", why)
-        if gone is None:
-            raise RunEnds("STOPPED", f"stop requested while the RayJob {self.name}, deleted to restart it, was going")
         if not gone:
             raise RunEnds("INFRA_ERROR", f"the RayJob {self.name}, deleted to restart it, was still there after "
                           f"{GONE_WAIT_S:.0f}s")
@@ -285,9 +259,6 @@ class RayJobAttempts:
         if log is None:
             raise LookupError(f"the submitter pod's log of attempt {attempt} was not followed")
         log.done.wait(LOG_JOIN_S)
-        if not log.found:  # nothing was read: no empty saved log to hide the pod's, which `launcher logs` reads
-            raise LookupError(f"the driver's log of attempt {attempt} was never available here (its submitter pod "
-                              "was not found while the attempt ran); `launcher logs` reads the pod's while it is there")
         return "".join(log.text)
 
     # --- the RayJob's changes --------------------------------------------------------------------------
@@ -335,14 +306,7 @@ class RayJobAttempts:
         # A new jobId is the next attempt; so is the same one coming back after a retry (a user's
         # --submission-id is the RayJob's spec.jobId, which KubeRay reuses on every retry).
         again = current in self._ended and deployment == "Running" and job_status in ("PENDING", "RUNNING")
-        never_ran = current is not None and view is not None and current not in self._ended and \
-            view.status == "PENDING"
-        if not job_id and deployment in ("Suspending", "Suspended") and never_ran and not self._stopping:
-            self._renamed = True  # Kueue suspended it before it ran: KubeRay names it again on admission
-        if job_id and view is not None and never_ran and self._renamed and view.submission_id != job_id:
-            self._renamed = False
-            view.submission_id = job_id  # the same attempt, under its new name: no phantom failure
-        elif job_id and (view is None or view.submission_id != job_id or again):
+        if job_id and (view is None or view.submission_id != job_id or again):
             if current is not None and view is not None and current not in self._ended:
                 self._end(current, "FAILED", message)  # KubeRay moved on: the last attempt failed
             current = self._started(job_id)
@@ -373,9 +337,6 @@ class RayJobAttempts:
         self.views[number] = Seen(job_id, "PENDING")
         self.number = number
         return number
-
-    def has_ended(self, attempt: int) -> bool:
-        return attempt in self._ended
 
     def _end(self, attempt: int, status: str, message: str | None, retried: bool = False) -> None:
         view = self.views[attempt]
@@ -439,16 +400,13 @@ class RayJobAttempts:
                 failed = True
                 time.sleep(1)
 
-    def _gone(self) -> bool | None:
-        """Wait until the RayJob is gone (True), or GONE_WAIT_S passed (False), or a stop is requested (None:
-        its finalizer may hold it long; the delete goes on without the launcher)."""
+    def _gone(self) -> bool:
+        """Wait until the RayJob is gone (True), or GONE_WAIT_S passed."""
         from kubernetes.client.rest import ApiException
         from urllib3.exceptions import HTTPError
 
         deadline = time.monotonic() + GONE_WAIT_S
         while time.monotonic() < deadline:
-            if stop_requested(self.record.run_id):
-                return None
             try:
                 self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
             except ApiException as exc:

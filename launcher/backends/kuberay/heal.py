@@ -49,8 +49,8 @@ def ray_pod_targets(core: Any, namespace: str, cluster: Callable[[], str | None]
 
 
 def _running_pods(core: Any, namespace: str, selector: str) -> list[tuple[str, str]]:
-    """(pod, node) of the selected pods placed on a node and neither ended nor being deleted. Listed at every
-    check, so it is read as the server sends it (JSON, from the API server's watch cache: resourceVersion 0) and only
+    """(pod, node) of the selected pods placed on a node and not ended. Listed at every check, so it is
+    read as the server sends it (JSON, from the API server's watch cache: resourceVersion 0) and only
     three fields are kept: the client's model objects cost ~0.8 ms a pod on top of the JSON's ~0.08 ms
     (measured on a 2 KB pod), 1.6 s of a check at 2,000 pods."""
     answer = core.list_namespaced_pod(namespace, label_selector=selector, resource_version="0",
@@ -64,8 +64,7 @@ def _running_pods(core: Any, namespace: str, selector: str) -> list[tuple[str, s
         name = (item.get("metadata") or {}).get("name")
         node = (item.get("spec") or {}).get("nodeName")  # not on a node yet: no sidecar to read
         phase = (item.get("status") or {}).get("phase")
-        deleting = (item.get("metadata") or {}).get("deletionTimestamp")  # terminating: its values are gone
-        if name and node and phase not in ("Succeeded", "Failed") and not deleting:
+        if name and node and phase not in ("Succeeded", "Failed"):
             found.append((name, node))
     return found
 
