@@ -162,6 +162,11 @@ def failures_so_far(record: RunRecord) -> int:
     return streak
 
 
+def preemptions(record: RunRecord) -> int:
+    """Attempts the platform's queue took back (Kueue's preemption): they do not count against max_retries."""
+    return sum(1 for event in record.events if event.kind == "attempt.preempted")
+
+
 def update_attempt(record: RunRecord, attempt: int, seen: Seen) -> AttemptRecord:
     """Copy what the backend says of an attempt into the run record."""
     item = record.attempt(attempt)
@@ -381,6 +386,11 @@ class Run:
             if seen is not None and seen.run_end is not None and outcome != "UNHEALTHY":
                 return self._finish(*seen.run_end)  # the platform ended the run
             attempt = self.record.attempt(self.current)
+            if seen is not None and seen.preempted and outcome != "UNHEALTHY":
+                # The queue took it back and runs the RayJob again once admitted: no failure, no backoff.
+                self.journal.emit("attempt.preempted", attempt=self.current, message=seen.message)
+                self.current += 1
+                continue
             if self.jobs.retries_itself and outcome == "FAILED":
                 # The platform retries it: its next attempt is followed as it comes (nothing submitted).
                 self._failures_in_a_row = failures_in_a_row(self._failures_in_a_row, attempt)
@@ -388,7 +398,7 @@ class Run:
                     self.journal.emit("retry.scheduled", attempt=self.current, delay=0, cause="failed")
                 self.current += 1
                 continue
-            retries_left = self.current < self.spec.max_attempts
+            retries_left = self.current < self.spec.max_attempts + preemptions(self.record)
             fault = self._fault_of(outcome, retries_left)
             node_out = False
             if fault is not None:

@@ -70,6 +70,7 @@ class Seen:
     end_time: float | None = None
     job: dict[str, Any] | None = None  # what stacks need of it (launcher/run.py job_view); None: not known
     retried: bool = False  # it failed and the platform retries it itself (retry.scheduled, no submit)
+    preempted: bool = False  # the platform's queue took it back (Kueue): not a failure, its next attempt follows
     run_end: tuple[str, str | None] | None = None  # the platform ended the run: its final state and reason
 
 

@@ -11,7 +11,15 @@ What KubeRay stores, and how it is read here (rayjob_types.go, rayjob_controller
 - ValidationFailed is not terminal by KubeRay's own helper: a follower that waits for a terminal state
   waits for ever; here it ends the run as bad input, and the RayJob (which never ran) is deleted so the
   corrected spec can be applied under the same run id;
-- each retry has a new `status.jobId`: a new attempt in the journal;
+- each retry has a new `status.jobId`: a new attempt in the journal. KubeRay sets it at New ->
+  Initializing, before the RayCluster exists, and under Kueue suspends the RayJob right after (Kueue's
+  webhook created it suspended), resetting the jobId, and names a new one on admission: a jobId is an
+  attempt only once the deployment is past Initializing (Running, or an end), so a queued RayJob has no
+  attempt that never ran;
+- a suspend not asked here (Kueue's preemption: Suspending -> Suspended of a running RayJob) ends the
+  attempt as STOPPED and *preempted* (event `attempt.preempted`): not a failure, no retry's backoff, not
+  counted against max_retries (launcher/run.py `preemptions`); the run follows the attempt KubeRay starts
+  once Kueue admits the RayJob again;
 - the driver's output is the submitter Job's pod log (`batch.kubernetes.io/job-name=<RayJob>`); a retry
   replaces that pod, so each attempt's log is saved as it streams.
 
@@ -41,7 +49,7 @@ from launcher.backends.kuberay.render import KUEUE_QUEUE_LABEL
 from launcher.errors import BadInput, InfraError
 from launcher.jobs import ClusterLost
 from launcher.journal import Journal
-from launcher.run import LOST_AFTER_S, finish_run
+from launcher.run import LOST_AFTER_S, finish_run, preemptions
 from launcher.state import RunRecord
 
 if TYPE_CHECKING:
@@ -59,6 +67,9 @@ GONE_WAIT_S = 300.0  # a RayJob deleted to restart it gets this long to go (its 
 # KubeRay's failure reasons that are not the job's own failure (the run's infrastructure).
 INFRA_REASONS = {"SubmissionFailed", "JobDeploymentStatusTransitionGracePeriodExceeded", "RayClusterFailed"}
 VALIDATION_FAILED = "ValidationFailed"
+# Deployment states before an attempt runs: KubeRay may have named it (status.jobId), Kueue may take that back.
+NOT_STARTED = {None, "", "New", "Initializing", "Waiting", "Suspending", "Suspended"}
+SUSPENDED = {"Suspending", "Suspended"}
 
 
 @dataclass
@@ -216,7 +227,7 @@ class RayJobAttempts:
                 raise RunEnds("DEADLINE_EXCEEDED", f"active_deadline_seconds ({limit}s) passed before the restart")
             spec = spec.model_copy(update={"active_deadline_seconds": int(left)})
         applied = kuberay.apply(spec, self.access, attempt_env=submission.env,
-                                backoff_limit=spec.max_attempts - submission.attempt)
+                                backoff_limit=spec.max_attempts + preemptions(self.record) - submission.attempt)
         self.kueue = KUEUE_QUEUE_LABEL in (applied.rayjob["metadata"].get("labels") or {})
         self.cluster_name = None
         self.watch()
@@ -306,7 +317,7 @@ class RayJobAttempts:
         # A new jobId is the next attempt; so is the same one coming back after a retry (a user's
         # --submission-id is the RayJob's spec.jobId, which KubeRay reuses on every retry).
         again = current in self._ended and deployment == "Running" and job_status in ("PENDING", "RUNNING")
-        if job_id and (view is None or view.submission_id != job_id or again):
+        if job_id and deployment not in NOT_STARTED and (view is None or view.submission_id != job_id or again):
             if current is not None and view is not None and current not in self._ended:
                 self._end(current, "FAILED", message)  # KubeRay moved on: the last attempt failed
             current = self._started(job_id)
@@ -321,6 +332,8 @@ class RayJobAttempts:
             if current not in self._ended:
                 self._end(current, "STOPPED", message)
             self._run_ends(("STOPPED", f"the RayJob was suspended ({self._stopping})"))
+        elif deployment in SUSPENDED and not self._stopping and current not in self._ended:
+            self._end(current, "STOPPED", "preempted: the RayJob was suspended (Kueue) while it ran", preempted=True)
         elif deployment in ("Complete", "Failed"):
             state, why = outcome(deployment, job_status, reason, message)
             if current not in self._ended:
@@ -338,9 +351,11 @@ class RayJobAttempts:
         self.number = number
         return number
 
-    def _end(self, attempt: int, status: str, message: str | None, retried: bool = False) -> None:
+    def _end(self, attempt: int, status: str, message: str | None, retried: bool = False,
+             preempted: bool = False) -> None:
         view = self.views[attempt]
         view.status, view.message, view.end_time, view.retried = status, message, time.time(), retried
+        view.preempted = preempted
         self._ended.add(attempt)
 
     def _run_ends(self, end: tuple[str, str | None]) -> None:
@@ -491,7 +506,7 @@ def catch_up(record: RunRecord) -> None:
         return
     status = obj.get("status") or {}
     deployment, job_id = status.get("jobDeploymentStatus"), status.get("jobId")
-    if job_id and not any(item.submission_id == job_id for item in record.attempts):
+    if job_id and deployment not in NOT_STARTED and not any(item.submission_id == job_id for item in record.attempts):
         follower.journal.emit("attempt.submitted", attempt=len(record.attempts) + 1, submission_id=job_id,
                               address=follower.access.server)
     if deployment in ("Complete", "Failed"):
