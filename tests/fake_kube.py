@@ -18,7 +18,8 @@ its RayCluster and submitter Job deleted, jobId, rayClusterName and jobStatus re
 false) takes Suspended -> New -> Initializing with a new jobId. preempt() (Kueue's preemption: suspend
 true on a running RayJob) goes through the same Suspending -> Suspended; a HOLD attempt runs until then,
 and once admitted again the script's next attempt runs under a new jobId on a new RayCluster. The driver's output is the
-log of the submitter Job's (`<RayJob name>`, one per attempt) pod, labelled
+log of the submitter Job's (`<RayJob name>`, one per attempt) pod, which the Job controller creates after
+KubeRay created the Job and set Running (`Attempt.pod_after_s`: a pod that waits for a node), labelled
 `batch.kubernetes.io/job-name=<RayJob name>`.
 
 For healing (launcher/backends/kuberay/heal.py): with `nodes` (Kubernetes node name -> the base URL of a
@@ -82,6 +83,9 @@ class Attempt:
     # Its driver prints only once somebody follows its pod's log (at most FOLLOW_WAIT_S): a job that runs long
     # enough for its log to be read, as real ones do, whatever the machine's load does to the follower.
     until_followed: bool = False
+    # The submitter Job's pod comes this long after the attempt is Running (the Job controller's pod waits for a
+    # node: a GPU node's scale-up takes minutes); its log is readable from then.
+    pod_after_s: float = 0.0
 
 
 FOLLOW_WAIT_S = 60.0
@@ -308,6 +312,8 @@ class FakeApiServer:
             job = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"  # the submitter Job, one per attempt
             await self._store(job, "ADDED", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
                 "name": name, "namespace": namespace, "uid": str(uuid.uuid4())}, "status": {"active": 1}})
+            await self._status(path, jobDeploymentStatus="Running", jobStatus="PENDING", failed=failed)
+            await asyncio.sleep(attempt.pod_after_s)
             pod = f"/api/v1/namespaces/{namespace}/pods/{name}-{secrets.token_hex(3)}"
             self._logs[pod] = []
             await self._store(pod, "ADDED", {
@@ -316,7 +322,6 @@ class FakeApiServer:
                              "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                              "labels": {JOB_NAME_LABEL: name}},
                 "status": {"phase": "Running"}})
-            await self._status(path, jobDeploymentStatus="Running", jobStatus="PENDING", failed=failed)
             await asyncio.sleep(self.step_s)
             await self._status(path, jobStatus="RUNNING")
             if attempt.until_followed:

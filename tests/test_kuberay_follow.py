@@ -194,6 +194,11 @@ def test_under_kueue_a_stop_suspends_the_rayjob(env: dict[str, str], api_server:
     assert record(env, "queued-1")["state"] == "STOPPED"
 
 
+def _seen(env: dict[str, str], run_id: str) -> bool:
+    result = launcher(env, "status", run_id, "-o", "json")
+    return result.returncode == 0 and bool(json.loads(result.stdout)["attempts"])
+
+
 def _suspended(api_server: FakeApiServer, name: str) -> bool:
     return (api_server.rayjob(NAMESPACE, name) or {}).get("status", {}).get("jobDeploymentStatus") == "Suspended"
 
@@ -221,6 +226,26 @@ def test_under_kueue_the_queue_and_a_preemption_are_not_failures(env: dict[str, 
     kinds = [event["kind"] for event in run["events"]]
     assert (kinds.count("attempt.preempted"), "retry.scheduled" in kinds) == (1, False)
     assert launcher(env, "logs", "kq-1", "--attempt", "2").stdout == "second\n"
+
+
+def test_a_submitter_pod_that_comes_late_is_followed_through_an_outage(env: dict[str, str],
+                                                                       api_server: FakeApiServer):
+    """The submitter pod waits for a node while the attempt is Running, and the API server blinks meanwhile:
+    the log follower says once that the log is not there yet and keeps looking; the driver's output is
+    streamed and saved whole (never an empty attempt log that hides the pod's)."""
+    api_server.scripts["late-1"] = [Attempt("SUCCEEDED", ["step 1", "step 2"], until_followed=True,
+                                            pod_after_s=8.0)]
+    process = submitting(env, "late-1")
+    try:
+        wait_until(lambda: _seen(env, "late-1"), 60, "the attempt to be seen")
+        api_server.outage(3.0)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert [line for line in out.splitlines() if line.startswith("step ")] == ["step 1", "step 2"]
+    assert err.count("the driver's log of attempt 1 is not available yet") == 1
+    assert launcher(env, "logs", "late-1").stdout == "step 1\nstep 2\n"
 
 
 def test_no_wait_records_the_run_and_status_catches_up(env: dict[str, str], api_server: FakeApiServer):

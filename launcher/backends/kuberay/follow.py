@@ -62,6 +62,8 @@ WATCH_SECONDS = 60  # a watch asks the server to close it after this long; it is
 POLL_S = 0.5  # how often a submitter pod (or a deleted RayJob's end) is looked for
 VIEW_POLL_S = 0.05  # how often an attempt's log stream looks whether KubeRay started it (no API call)
 LOG_JOIN_S = 5.0  # an ended attempt's log stream gets this long to drain
+LOG_NOTE_S = 5.0  # a submitter pod not there this long after its attempt started is said (once)
+LOG_POLL_MAX_S = 10.0  # the longest wait between two looks for a submitter pod
 GONE_WAIT_S = 300.0  # a RayJob deleted to restart it gets this long to go (its pods stop, the finalizer runs)
 
 # KubeRay's failure reasons that are not the job's own failure (the run's infrastructure).
@@ -108,10 +110,12 @@ class _PodLog:
             self.done.set()
 
     def _pod(self) -> str | None:
-        """The attempt's submitter pod: KubeRay creates it a moment after the attempt's jobId (which may be
-        long in coming: a RayJob waits in Kueue's queue until it is admitted)."""
-        jobs, deadline = self.jobs, None
-        while not jobs.finished.is_set() and (deadline is None or time.monotonic() < deadline):
+        """The attempt's submitter pod: KubeRay creates its Job once the attempt runs, and the pod may wait long
+        for a node (a GPU node's scale-up). Looked for while the attempt lives, every POLL_S doubling up to
+        LOG_POLL_MAX_S, through the API server's blinks; said once when it is not there after LOG_NOTE_S. An
+        ended attempt gets one last look (an ended submitter pod's log stays readable)."""
+        jobs, wait, since, said = self.jobs, POLL_S, None, False
+        while not jobs.finished.is_set():
             if self.attempt not in jobs.views:
                 if jobs.number is not None and jobs.number > self.attempt:
                     return None  # it never started here: nothing of it to read
@@ -122,15 +126,27 @@ class _PodLog:
                 jobs.journal.reporter.warn(f"the driver's log of attempt {self.attempt} is gone: KubeRay replaced "
                                            "its submitter pod before it could be read")
                 return None
-            deadline = deadline or time.monotonic() + 120
-            pods = jobs.core.list_namespaced_pod(jobs.namespace,
-                                                 label_selector=f"{JOB_NAME_LABEL}={jobs.name}").items
+            since = since or time.monotonic()
+            ended = jobs.views[self.attempt].end_time is not None  # read before the look: one last look
+            try:
+                pods = jobs.core.list_namespaced_pod(jobs.namespace,
+                                                     label_selector=f"{JOB_NAME_LABEL}={jobs.name}").items
+            except Exception:  # noqa: BLE001 - the API server's trouble is the watch's to judge: look again
+                pods = []
             fresh = sorted((pod for pod in pods if pod.metadata.uid not in jobs.pods_seen),
                            key=lambda pod: pod.metadata.creation_timestamp or 0)
             if fresh:
                 jobs.pods_seen.add(fresh[-1].metadata.uid)
                 return fresh[-1].metadata.name
-            time.sleep(POLL_S)
+            if ended:
+                return None
+            if not said and time.monotonic() - since > LOG_NOTE_S:
+                said = True
+                jobs.journal.reporter.warn(f"the driver's log of attempt {self.attempt} is not available yet (no "
+                                           f"submitter pod {LOG_NOTE_S:.0f}s after it started: its pod may wait "
+                                           "for a node); still looking while the attempt lives")
+            time.sleep(wait)
+            wait = min(wait * 2, LOG_POLL_MAX_S)
         return None
 
 
@@ -270,6 +286,8 @@ class RayJobAttempts:
         if log is None:
             raise LookupError(f"the submitter pod's log of attempt {attempt} was not followed")
         log.done.wait(LOG_JOIN_S)
+        if not log.text:  # nothing read: an empty saved log would hide the pod's (`launcher logs` reads it live)
+            raise LookupError(f"no output of attempt {attempt} was read from its submitter pod")
         return "".join(log.text)
 
     # --- the RayJob's changes --------------------------------------------------------------------------
