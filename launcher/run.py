@@ -528,8 +528,9 @@ class Run:
                     fault = self.healing.poll(seen.job)  # the checks run beside; never waits for one
                     if fault is not None:
                         ending = "UNHEALTHY"
-                        # The faulty attempt as it stood (not delaying the stop).
-                        self._record(False, f"attempt {attempt} faulty")
+                        # The faulty attempt as it stood: not delaying the stop, unless the stop deletes its
+                        # pods (KubeRay's restart): then its last values are read first.
+                        self._record(self.jobs.restart_removes_pods, f"attempt {attempt} faulty")
                         self._stop_attempt(attempt, ending)
                         stop_sent_at = time.monotonic()
                         continue  # a backend that stops to restart knows at once: no wait for a poll

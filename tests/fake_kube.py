@@ -153,6 +153,9 @@ class FakeApiServer:
         self.token = token
         self.workers = workers  # worker pods beside each RayCluster's head, on its node
         self.crd_installed = True
+        # A deleted RayJob stays this long (metadata.deletionTimestamp set) before it goes: KubeRay's
+        # ray.io/rayjob-finalizer and a foreground deletion wait for its pods to stop (rayjob_controller.go).
+        self.delete_delay_s = 0.0
         self.step_s = step_s
         self.watch_close_s = watch_close_s  # a watch is closed by the server after this long (as real ones are)
         self.scripts: dict[str, list[Attempt] | str] = {}
@@ -514,22 +517,38 @@ class FakeApiServer:
                 await self._store(path, "MODIFIED", stored)
                 return web.json_response(stored)
             if request.method == "DELETE":
-                obj = self.objects[path]
-                machine = self._machines.pop(path, None)
-                if machine is not None:
-                    machine.cancel()
-                    for pod in self._logs:  # the RayJob's pods go with it
-                        if pod in self.objects and self.objects[pod]["metadata"]["labels"].get(JOB_NAME_LABEL) \
-                                == obj["metadata"]["name"]:
-                            self._ended.add(pod)
-                    cluster = (obj.get("status") or {}).get("rayClusterName")
-                    for key in [key for key, pod in self.objects.items() if cluster and key.startswith(
-                            f"/api/v1/namespaces/{rest[1]}/pods/") and (pod["metadata"].get("labels") or {}).get(
-                            RAY_CLUSTER_LABEL) == cluster]:  # and its RayCluster's
-                        await self._store(key, "DELETED", None)
-                await self._store(path, "DELETED", None)
+                if self.delete_delay_s and resource == "rayjobs":  # the finalizer and foreground deletion take time
+                    stored = self.objects[path]
+                    stored["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                    await self._store(path, "MODIFIED", stored)
+                    self._machines[f"{path}#delete"] = asyncio.ensure_future(self._remove_later(path, rest[1]))
+                    return web.json_response(stored, status=202)
+                await self._remove(path, rest[1])
                 return web.json_response({"kind": "Status", "status": "Success"})
         return self._error(404, "NotFound", f"{resource} not found", resource, rest[3] if len(rest) > 3 else None)
+
+    async def _remove_later(self, path: str, namespace: str) -> None:
+        await asyncio.sleep(self.delete_delay_s)
+        if path in self.objects:
+            await self._remove(path, namespace)
+
+    async def _remove(self, path: str, namespace: str) -> None:
+        """An object deleted; a RayJob with its submitter pod and its RayCluster's pods (KubeRay's finalizer and
+        the garbage collector)."""
+        obj = self.objects[path]
+        machine = self._machines.pop(path, None)
+        if machine is not None:
+            machine.cancel()
+            for pod in self._logs:  # the RayJob's pods go with it
+                if pod in self.objects and self.objects[pod]["metadata"]["labels"].get(JOB_NAME_LABEL) \
+                        == obj["metadata"]["name"]:
+                    self._ended.add(pod)
+            cluster = (obj.get("status") or {}).get("rayClusterName")
+            for key in [key for key, pod in self.objects.items() if cluster and key.startswith(
+                    f"/api/v1/namespaces/{namespace}/pods/") and (pod["metadata"].get("labels") or {}).get(
+                    RAY_CLUSTER_LABEL) == cluster]:  # and its RayCluster's
+                await self._store(key, "DELETED", None)
+        await self._store(path, "DELETED", None)
 
     async def _watch(self, request: web.Request, collection: str) -> web.StreamResponse:
         """Events of the collection's matching objects after resourceVersion (none given: the current ones as

@@ -94,6 +94,7 @@ class Jobs(Protocol):
     address: str  # where the attempts go, as the journal says it
     names_attempts: bool  # True: attempt n is submitted as the engine's id for it (launcher/submission.py)
     retries_itself: bool  # True: the platform retries a failed attempt and enforces the deadlines itself
+    restart_removes_pods: bool  # True: stopping to restart deletes the attempt's pods before stop() returns
     token: str | None  # the cluster's Ray token: an attempt's progress token derives from it
 
     def status(self, attempt: int, sid: str | None) -> Seen | None:

@@ -50,7 +50,7 @@ from launcher.errors import BadInput, InfraError
 from launcher.jobs import ClusterLost
 from launcher.journal import Journal
 from launcher.run import LOST_AFTER_S, finish_run, preemptions
-from launcher.state import RunRecord
+from launcher.state import RunRecord, stop_requested
 
 if TYPE_CHECKING:
     from launcher.backends.kuberay.render import Applied
@@ -170,6 +170,7 @@ class RayJobAttempts:
 
     names_attempts = False  # KubeRay names each attempt (status.jobId)
     retries_itself = True  # backoffLimit, activeDeadlineSeconds
+    restart_removes_pods = True  # the foreground delete: the attempt's last values are recorded before it
     token = None  # the RayCluster's token is KubeRay's: no per-attempt progress token from here
 
     def __init__(self, applied: Applied, access: KubeAccess, journal: Journal, spec: JobSpec | None = None) -> None:
@@ -269,7 +270,10 @@ class RayJobAttempts:
         with self._taking:
             self._generation += 1  # the deleted RayJob's watch ends; its news is dropped
         self._delete(foreground=True)
+        self.cluster_name = None  # its pods are going: no longer the watcher's or the recorder's targets
         gone = self._gone()
+        if gone is None:
+            raise RunEnds("STOPPED", "stop requested while the RayJob deleted to restart it was going")
         with self._taking:
             if attempt in self.views and attempt not in self._ended:
                 self._end(attempt, "STOPPED", why)
@@ -433,13 +437,15 @@ class RayJobAttempts:
                 failed = True
                 time.sleep(1)
 
-    def _gone(self) -> bool:
-        """Wait until the RayJob is gone (True), or GONE_WAIT_S passed."""
+    def _gone(self) -> bool | None:
+        """Wait until the RayJob is gone (True), or GONE_WAIT_S passed (False), or a stop is asked (None)."""
         from kubernetes.client.rest import ApiException
         from urllib3.exceptions import HTTPError
 
         deadline = time.monotonic() + GONE_WAIT_S
         while time.monotonic() < deadline:
+            if stop_requested(self.record.run_id):
+                return None
             try:
                 self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
             except ApiException as exc:
