@@ -27,7 +27,10 @@ real HTTP server standing in for the raypulse sidecar on that node), each attemp
 pod labelled `ray.io/cluster=<status.rayClusterName>` on the first node that is not cordoned
 (spec.unschedulable), and the pod proxy (`pods/<pod>:<port>/proxy/<path>`, whatever the port) forwards to
 that node's server as the API server does (503 when nothing answers; every header but Authorization goes
-on). Nodes are cluster-scoped objects (get, merge-patch). A RayJob deleted and applied again under the same
+on). Nodes are cluster-scoped objects (get, merge-patch). With `delete_delay_s`, a deleted RayJob stays that
+long with metadata.deletionTimestamp set before it and its pods go (KubeRay's `ray.io/rayjob-finalizer` and a
+foreground deletion wait for what it owns: rayjob_controller.go's finalizer branch; the API's DELETE answers
+202 with the object while it is being deleted). A RayJob deleted and applied again under the same
 name goes on with its script's next attempt.
 
 Outages (`outage(seconds)`): every request answers 503 ServiceUnavailable and the open watches end, as a
