@@ -109,6 +109,8 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("attempt.stopping", say=lambda d: f"stopping attempt {d['attempt']} ({d['why']})", audit="attempt.stop",
          result=lambda _: "sent"),
     Kind("attempt.finished", say=_finished),
+    Kind("attempt.preempted", say=lambda d: f"attempt {d['attempt']} preempted (its RayJob suspended by Kueue): not "
+         f"a failure, not counted against max_retries; attempt {d['attempt'] + 1} runs once it is admitted again"),
     Kind("retry.scheduled", say=lambda d: f"attempt {d['attempt']} {_why_again(d)}; attempt {d['attempt'] + 1} in "
                                           f"{d['delay']:g}s"),
     Kind("run.resume", say=lambda d: f"attempt {d['attempt']} resumes from the checkpoint of step {d.get('step')}"

@@ -163,6 +163,11 @@ def failures_so_far(record: RunRecord) -> int:
     return streak
 
 
+def preemptions(record: RunRecord) -> int:
+    """Attempts the platform's queue took back (Kueue's preemption): they do not count against max_retries."""
+    return sum(1 for event in record.events if event.kind == "attempt.preempted")
+
+
 def update_attempt(record: RunRecord, attempt: int, seen: Seen) -> AttemptRecord:
     """Copy what the backend says of an attempt into the run record."""
     item = record.attempt(attempt)
@@ -385,6 +390,11 @@ class Run:
             if seen is not None and seen.run_end is not None and outcome != "UNHEALTHY":
                 return self._finish(*seen.run_end)  # the platform ended the run
             attempt = self.record.attempt(self.current)
+            if seen is not None and seen.preempted and outcome != "UNHEALTHY":
+                # The queue took it back and runs the RayJob again once admitted: no failure, no backoff.
+                self.journal.emit("attempt.preempted", attempt=self.current, message=seen.message)
+                self.current += 1
+                continue
             if self.jobs.retries_itself and outcome == "FAILED":
                 # The platform retries it: its next attempt is followed as it comes (nothing submitted).
                 self._failures_in_a_row = failures_in_a_row(self._failures_in_a_row, attempt)
@@ -392,7 +402,7 @@ class Run:
                     self.journal.emit("retry.scheduled", attempt=self.current, delay=0, cause="failed")
                 self.current += 1
                 continue
-            retries_left = self.current < self.spec.max_attempts
+            retries_left = self.current < self.spec.max_attempts + preemptions(self.record)
             fault = self._fault_of(outcome, retries_left)
             node_out = False
             if fault is not None:
@@ -522,8 +532,9 @@ class Run:
                     fault = self.healing.poll(seen.job)  # the checks run beside; never waits for one
                     if fault is not None:
                         ending = "UNHEALTHY"
-                        # The faulty attempt as it stood (not delaying the stop).
-                        self._record(False, f"attempt {attempt} faulty")
+                        # The faulty attempt as it stood: not delaying the stop, unless the stop deletes its
+                        # pods (KubeRay's restart): then its last values are read first.
+                        self._record(self.jobs.restart_removes_pods, f"attempt {attempt} faulty")
                         self._stop_attempt(attempt, ending)
                         stop_sent_at = time.monotonic()
                         continue  # a backend that stops to restart knows at once: no wait for a poll

@@ -4,14 +4,22 @@ namespaced objects (RayJobs, Secrets, PodMonitors, Jobs, pods), pod logs (follow
 server closes every `watch_close_s` and a compacted history (410 Gone, compact()), and KubeRay's state
 machine for each RayJob created, from a script the test gives per RayJob name.
 
-KubeRay's semantics kept here (rayjob_types.go / rayjob_controller.go): the deployment status moves
-Initializing -> Running -> Complete | Failed; with retries left (spec.backoffLimit) a failed attempt is
-stored as `jobStatus: FAILED` with `jobDeploymentStatus: Retrying` and the next attempt gets a new
-`status.jobId`; on activeDeadlineSeconds the deployment fails with reason DeadlineExceeded while
-`jobStatus` stays RUNNING; ValidationFailed comes before any attempt; a RayJob with Kueue's queue label
-is created suspended (Kueue's webhook) and waits as Suspended until admit(); one suspended while it runs
-goes Suspending -> Suspended, its submitter Job deleted and jobStatus reset. The driver's output is the
-log of the submitter Job's (`<RayJob name>`, one per attempt) pod, labelled
+KubeRay's semantics kept here (rayjob_types.go / rayjob_controller.go, ray-project/kuberay master): the
+deployment status moves New -> Initializing -> Running -> Complete | Failed; the jobId (spec.jobId when
+given) and the RayCluster's name are set at New -> Initializing, before any cluster or submitter exists
+(initRayJobStatusIfNeed); with retries left (spec.backoffLimit) a failed attempt is stored as
+`jobStatus: FAILED` with `jobDeploymentStatus: Retrying`, whose cleanup resets the jobId and goes to New,
+so the next attempt gets a new `status.jobId` at Initializing (the `JobDeploymentStatusSuspending,
+JobDeploymentStatusRetrying` case); on activeDeadlineSeconds the deployment fails with reason
+DeadlineExceeded while `jobStatus` stays RUNNING; ValidationFailed comes before any attempt. Kueue: a
+RayJob with Kueue's queue label is created with spec.suspend true (Kueue's webhook); KubeRay names it at
+Initializing all the same, then suspends it (updateStatusToSuspendingIfNeeded: Suspending -> Suspended,
+its RayCluster and submitter Job deleted, jobId, rayClusterName and jobStatus reset); admit() (suspend
+false) takes Suspended -> New -> Initializing with a new jobId. preempt() (Kueue's preemption: suspend
+true on a running RayJob) goes through the same Suspending -> Suspended; a HOLD attempt runs until then,
+and once admitted again the script's next attempt runs under a new jobId on a new RayCluster. The driver's output is the
+log of the submitter Job's (`<RayJob name>`, one per attempt) pod, which the Job controller creates after
+KubeRay created the Job and set Running (`Attempt.pod_after_s`: a pod that waits for a node), labelled
 `batch.kubernetes.io/job-name=<RayJob name>`.
 
 For healing (launcher/backends/kuberay/heal.py): with `nodes` (Kubernetes node name -> the base URL of a
@@ -19,7 +27,10 @@ real HTTP server standing in for the raypulse sidecar on that node), each attemp
 pod labelled `ray.io/cluster=<status.rayClusterName>` on the first node that is not cordoned
 (spec.unschedulable), and the pod proxy (`pods/<pod>:<port>/proxy/<path>`, whatever the port) forwards to
 that node's server as the API server does (503 when nothing answers; every header but Authorization goes
-on). Nodes are cluster-scoped objects (get, merge-patch). A RayJob deleted and applied again under the same
+on). Nodes are cluster-scoped objects (get, merge-patch). With `delete_delay_s`, a deleted RayJob stays that
+long with metadata.deletionTimestamp set before it and its pods go (KubeRay's `ray.io/rayjob-finalizer` and a
+foreground deletion wait for what it owns: rayjob_controller.go's finalizer branch; the API's DELETE answers
+202 with the object while it is being deleted). A RayJob deleted and applied again under the same
 name goes on with its script's next attempt.
 
 Outages (`outage(seconds)`): every request answers 503 ServiceUnavailable and the open watches end, as a
@@ -75,6 +86,9 @@ class Attempt:
     # Its driver prints only once somebody follows its pod's log (at most FOLLOW_WAIT_S): a job that runs long
     # enough for its log to be read, as real ones do, whatever the machine's load does to the follower.
     until_followed: bool = False
+    # The submitter Job's pod comes this long after the attempt is Running (the Job controller's pod waits for a
+    # node: a GPU node's scale-up takes minutes); its log is readable from then.
+    pod_after_s: float = 0.0
 
 
 FOLLOW_WAIT_S = 60.0
@@ -142,6 +156,9 @@ class FakeApiServer:
         self.token = token
         self.workers = workers  # worker pods beside each RayCluster's head, on its node
         self.crd_installed = True
+        # A deleted RayJob stays this long (metadata.deletionTimestamp set) before it goes: KubeRay's
+        # ray.io/rayjob-finalizer and a foreground deletion wait for its pods to stop (rayjob_controller.go).
+        self.delete_delay_s = 0.0
         self.step_s = step_s
         self.watch_close_s = watch_close_s  # a watch is closed by the server after this long (as real ones are)
         self.scripts: dict[str, list[Attempt] | str] = {}
@@ -232,6 +249,15 @@ class FakeApiServer:
 
         asyncio.run_coroutine_threadsafe(unsuspend(), self._loop).result(10)
 
+    def preempt(self, namespace: str, name: str) -> None:
+        """Kueue preempts an admitted RayJob: spec.suspend true (KubeRay suspends it; admit() lets it run again)."""
+        async def suspend() -> None:
+            path = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}"
+            self.objects[path]["spec"]["suspend"] = True
+            await self._store(path, "MODIFIED", self.objects[path])
+
+        asyncio.run_coroutine_threadsafe(suspend(), self._loop).result(10)
+
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._changed = asyncio.Condition()
@@ -276,25 +302,24 @@ class FakeApiServer:
         name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
         script = self.scripts.get(name, [Attempt()])
         await asyncio.sleep(self.step_s)
-        if obj["spec"].get("suspend"):  # Kueue's webhook suspended it: it waits for admission (admit())
-            await self._status(path, jobDeploymentStatus="Suspended")
-            while path in self.objects and self.objects[path]["spec"].get("suspend"):
-                await asyncio.sleep(self.step_s)
-        await self._status(path, jobDeploymentStatus="Initializing")
+        await self._initializing(path)  # New -> Initializing names the attempt first, suspended or not
         if script == VALIDATION_FAILED:
             await self._status(path, jobDeploymentStatus=VALIDATION_FAILED, reason=VALIDATION_FAILED,
                                message="invalid RayJob spec: the head group needs a container")
             return
+        await self._queued(path)  # Kueue's webhook suspended it: Suspending -> Suspended until admit()
         script = script[self._consumed.get(name, 0):]  # applied again after a delete: the script goes on
         retries = int(obj["spec"].get("backoffLimit") or 0)
+        failed = 0
         for number, attempt in enumerate(script, 1):
             self._consumed[name] = self._consumed.get(name, 0) + 1
-            self._clusters += 1
-            cluster = f"{name}-raycluster-{self._clusters}"
+            cluster = obj["status"]["rayClusterName"]
             await self._ray_pod(namespace, cluster)
             job = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"  # the submitter Job, one per attempt
             await self._store(job, "ADDED", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
                 "name": name, "namespace": namespace, "uid": str(uuid.uuid4())}, "status": {"active": 1}})
+            await self._status(path, jobDeploymentStatus="Running", jobStatus="PENDING", failed=failed)
+            await asyncio.sleep(attempt.pod_after_s)
             pod = f"/api/v1/namespaces/{namespace}/pods/{name}-{secrets.token_hex(3)}"
             self._logs[pod] = []
             await self._store(pod, "ADDED", {
@@ -303,9 +328,6 @@ class FakeApiServer:
                              "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                              "labels": {JOB_NAME_LABEL: name}},
                 "status": {"phase": "Running"}})
-            job_id = obj["spec"].get("jobId") or f"{name}-{secrets.token_hex(4)}"  # KubeRay reuses a given one
-            await self._status(path, jobDeploymentStatus="Running", jobId=job_id,
-                               jobStatus="PENDING", rayClusterName=cluster, failed=number - 1)
             await asyncio.sleep(self.step_s)
             await self._status(path, jobStatus="RUNNING")
             if attempt.until_followed:
@@ -314,15 +336,13 @@ class FakeApiServer:
             for line in attempt.log:
                 self._logs[pod].append(line + "\n")
                 await asyncio.sleep(self.step_s)
-            if attempt.outcome == "HOLD":
+            if attempt.outcome == "HOLD":  # until suspended (a stop under Kueue, or Kueue's preemption)
                 while path in self.objects and not self.objects[path]["spec"].get("suspend"):
                     await asyncio.sleep(self.step_s)
-                self._ended.add(pod)  # KubeRay deletes the RayCluster and the submitter Job, resets jobStatus
-                await self._status(path, jobDeploymentStatus="Suspending")
-                if job in self.objects:
-                    await self._store(job, "DELETED", None)
-                await self._status(path, jobDeploymentStatus="Suspended", jobStatus="")
-                return
+                self._ended.add(pod)
+                await self._suspend(path, job)
+                await self._queued(path, suspending=False)
+                continue  # admitted again: the script's next attempt, a new jobId on a new RayCluster
             self._ended.add(pod)
             if attempt.outcome == "SUCCEEDED":
                 await self._status(path, jobStatus="SUCCEEDED", jobDeploymentStatus="Complete", succeeded=1)
@@ -334,16 +354,58 @@ class FakeApiServer:
                 await self._status(path, jobDeploymentStatus="Failed", reason="DeadlineExceeded",
                                    message="The RayJob has passed the activeDeadlineSeconds. DeadlineExceeded")
                 return
-            if number <= retries and number < len(script):  # KubeRay retries; the script says how that ends
-                await self._status(path, jobStatus="FAILED", jobDeploymentStatus="Retrying", failed=number)
+            failed += 1
+            if failed <= retries and number < len(script):  # KubeRay retries; the script says how that ends
+                await self._status(path, jobStatus="FAILED", jobDeploymentStatus="Retrying", failed=failed)
                 await asyncio.sleep(self.step_s)
-                await self._status(path, jobDeploymentStatus="Initializing", jobStatus="")
                 await self._store(pod, "DELETED", None)  # a retry deletes the submitter Job and its pod
                 await self._store(job, "DELETED", None)
+                await self._status(path, jobDeploymentStatus="New", jobStatus="", jobId="", rayClusterName="")
+                await self._initializing(path)
                 continue
             await self._status(path, jobStatus="FAILED", jobDeploymentStatus="Failed", reason="AppFailed",
-                               message="Job failed: the driver exited with code 1", failed=number)
+                               message="Job failed: the driver exited with code 1", failed=failed)
             return
+
+    async def _initializing(self, path: str) -> None:
+        """initRayJobStatusIfNeed: the attempt's jobId (spec.jobId if given, which KubeRay reuses) and its
+        RayCluster's name, before any cluster or submitter exists."""
+        obj = self.objects.get(path)
+        if obj is None:
+            return
+        name = obj["metadata"]["name"]
+        self._clusters += 1
+        await self._status(path, jobDeploymentStatus="Initializing", jobStatus="",
+                           jobId=obj["spec"].get("jobId") or f"{name}-{secrets.token_hex(4)}",
+                           rayClusterName=f"{name}-raycluster-{self._clusters}")
+
+    async def _suspend(self, path: str, job: str | None = None) -> None:
+        """Suspending -> Suspended (updateStatusToSuspendingIfNeeded, then the Suspending case): the RayCluster
+        and the submitter Job deleted, the jobId, cluster name and job status reset."""
+        await self._status(path, jobDeploymentStatus="Suspending")
+        obj = self.objects.get(path)
+        cluster = ((obj or {}).get("status") or {}).get("rayClusterName")
+        for key in [key for key, pod in self.objects.items() if cluster and key.startswith("/api/v1/namespaces/")
+                    and (pod["metadata"].get("labels") or {}).get(RAY_CLUSTER_LABEL) == cluster]:
+            await self._store(key, "DELETED", None)
+        if job is not None and job in self.objects:
+            await self._store(job, "DELETED", None)
+        await self._status(path, jobDeploymentStatus="Suspended", jobStatus="", jobId="", rayClusterName="",
+                           message="", reason="")
+
+    async def _queued(self, path: str, suspending: bool = True) -> None:
+        """While spec.suspend is true (Kueue has not admitted it): Suspended; once admitted (admit()), the
+        Suspended case goes to New and New to Initializing with a new jobId."""
+        obj = self.objects.get(path)
+        if obj is None or not obj["spec"].get("suspend"):
+            return
+        if suspending:
+            await self._suspend(path)
+        while path in self.objects and self.objects[path]["spec"].get("suspend"):
+            await asyncio.sleep(self.step_s)
+        if path in self.objects:
+            await self._status(path, jobDeploymentStatus="New")
+            await self._initializing(path)
 
     async def _ray_pod(self, namespace: str, cluster: str) -> None:
         """The RayCluster's Ray pods, labelled as KubeRay labels them (`ray.io/cluster`, `ray.io/node-type`), the
@@ -458,22 +520,38 @@ class FakeApiServer:
                 await self._store(path, "MODIFIED", stored)
                 return web.json_response(stored)
             if request.method == "DELETE":
-                obj = self.objects[path]
-                machine = self._machines.pop(path, None)
-                if machine is not None:
-                    machine.cancel()
-                    for pod in self._logs:  # the RayJob's pods go with it
-                        if pod in self.objects and self.objects[pod]["metadata"]["labels"].get(JOB_NAME_LABEL) \
-                                == obj["metadata"]["name"]:
-                            self._ended.add(pod)
-                    cluster = (obj.get("status") or {}).get("rayClusterName")
-                    for key in [key for key, pod in self.objects.items() if cluster and key.startswith(
-                            f"/api/v1/namespaces/{rest[1]}/pods/") and (pod["metadata"].get("labels") or {}).get(
-                            RAY_CLUSTER_LABEL) == cluster]:  # and its RayCluster's
-                        await self._store(key, "DELETED", None)
-                await self._store(path, "DELETED", None)
+                if self.delete_delay_s and resource == "rayjobs":  # the finalizer and foreground deletion take time
+                    stored = self.objects[path]
+                    stored["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                    await self._store(path, "MODIFIED", stored)
+                    self._machines[f"{path}#delete"] = asyncio.ensure_future(self._remove_later(path, rest[1]))
+                    return web.json_response(stored, status=202)
+                await self._remove(path, rest[1])
                 return web.json_response({"kind": "Status", "status": "Success"})
         return self._error(404, "NotFound", f"{resource} not found", resource, rest[3] if len(rest) > 3 else None)
+
+    async def _remove_later(self, path: str, namespace: str) -> None:
+        await asyncio.sleep(self.delete_delay_s)
+        if path in self.objects:
+            await self._remove(path, namespace)
+
+    async def _remove(self, path: str, namespace: str) -> None:
+        """An object deleted; a RayJob with its submitter pod and its RayCluster's pods (KubeRay's finalizer and
+        the garbage collector)."""
+        obj = self.objects[path]
+        machine = self._machines.pop(path, None)
+        if machine is not None:
+            machine.cancel()
+            for pod in self._logs:  # the RayJob's pods go with it
+                if pod in self.objects and self.objects[pod]["metadata"]["labels"].get(JOB_NAME_LABEL) \
+                        == obj["metadata"]["name"]:
+                    self._ended.add(pod)
+            cluster = (obj.get("status") or {}).get("rayClusterName")
+            for key in [key for key, pod in self.objects.items() if cluster and key.startswith(
+                    f"/api/v1/namespaces/{namespace}/pods/") and (pod["metadata"].get("labels") or {}).get(
+                    RAY_CLUSTER_LABEL) == cluster]:  # and its RayCluster's
+                await self._store(key, "DELETED", None)
+        await self._store(path, "DELETED", None)
 
     async def _watch(self, request: web.Request, collection: str) -> web.StreamResponse:
         """Events of the collection's matching objects after resourceVersion (none given: the current ones as

@@ -194,6 +194,60 @@ def test_under_kueue_a_stop_suspends_the_rayjob(env: dict[str, str], api_server:
     assert record(env, "queued-1")["state"] == "STOPPED"
 
 
+def _seen(env: dict[str, str], run_id: str) -> bool:
+    result = launcher(env, "status", run_id, "-o", "json")
+    return result.returncode == 0 and bool(json.loads(result.stdout)["attempts"])
+
+
+def _suspended(api_server: FakeApiServer, name: str) -> bool:
+    return (api_server.rayjob(NAMESPACE, name) or {}).get("status", {}).get("jobDeploymentStatus") == "Suspended"
+
+
+def test_under_kueue_the_queue_and_a_preemption_are_not_failures(env: dict[str, str], api_server: FakeApiServer):
+    """KubeRay names a queued RayJob's attempt at Initializing and Kueue's suspend resets that jobId: nothing ran,
+    nothing failed. A preemption (Kueue suspends the running RayJob) ends the attempt as preempted, not failed, and
+    the run follows the next one once Kueue admits the RayJob again: neither is a failure, a retry or a spent
+    retry (max_retries 0)."""
+    api_server.scripts["kq-1"] = [Attempt("HOLD", ["first"]), Attempt("SUCCEEDED", ["second"])]
+    process = submitting(env, "kq-1", "--queue", "team-nlp", "--max-retries", "0")
+    try:
+        wait_until(lambda: _suspended(api_server, "kq-1"), 60, "Kueue to hold the RayJob")
+        api_server.admit(NAMESPACE, "kq-1")
+        wait_until(lambda: _running(env, "kq-1"), 60, "the RayJob to run")
+        api_server.preempt(NAMESPACE, "kq-1")
+        wait_until(lambda: _suspended(api_server, "kq-1"), 60, "Kueue to preempt the RayJob")
+        api_server.admit(NAMESPACE, "kq-1")
+        assert process.wait(60) == 0, process.stderr.read()
+    finally:
+        process.kill()
+    run = record(env, "kq-1")
+    assert [(item["attempt"], item["status"]) for item in run["attempts"]] == [(1, "STOPPED"), (2, "SUCCEEDED")]
+    assert run["attempts"][1]["submission_id"] == api_server.rayjob(NAMESPACE, "kq-1")["status"]["jobId"]
+    kinds = [event["kind"] for event in run["events"]]
+    assert (kinds.count("attempt.preempted"), "retry.scheduled" in kinds) == (1, False)
+    assert launcher(env, "logs", "kq-1", "--attempt", "2").stdout == "second\n"
+
+
+def test_a_submitter_pod_that_comes_late_is_followed_through_an_outage(env: dict[str, str],
+                                                                       api_server: FakeApiServer):
+    """The submitter pod waits for a node while the attempt is Running, and the API server blinks meanwhile:
+    the log follower says once that the log is not there yet and keeps looking; the driver's output is
+    streamed and saved whole (never an empty attempt log that hides the pod's)."""
+    api_server.scripts["late-1"] = [Attempt("SUCCEEDED", ["step 1", "step 2"], until_followed=True,
+                                            pod_after_s=8.0)]
+    process = submitting(env, "late-1")
+    try:
+        wait_until(lambda: _seen(env, "late-1"), 60, "the attempt to be seen")
+        api_server.outage(3.0)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert [line for line in out.splitlines() if line.startswith("step ")] == ["step 1", "step 2"]
+    assert err.count("the driver's log of attempt 1 is not available yet") == 1
+    assert launcher(env, "logs", "late-1").stdout == "step 1\nstep 2\n"
+
+
 def test_no_wait_records_the_run_and_status_catches_up(env: dict[str, str], api_server: FakeApiServer):
     """--no-wait: the run is recorded at once; `status` reads the RayJob (nothing else follows it) and
     finishes the record when KubeRay has ended it."""

@@ -216,6 +216,26 @@ def test_a_stop_during_the_restart_leaves_nothing_applied(env: dict[str, str], a
     assert (run["state"], run["exit_code"], len(run["attempts"])) == ("STOPPED", 3, 1)
 
 
+def test_a_stop_while_the_restart_waits_for_the_delete_is_seen(env: dict[str, str], api_server: FakeApiServer,
+                                                                exporters: dict[str, ExporterLike]):
+    """The RayJob deleted to restart it stays while its finalizer runs (here: longer than the test); a stop
+    asked meanwhile ends the run STOPPED (exit 3) and finishes its record, the next attempt never applied."""
+    api_server.delete_delay_s = 600.0
+    api_server.scripts["slowgo-1"] = [Attempt("HOLD", ["step 7"]), Attempt("SUCCEEDED", ["never"])]
+    process = start(env, "slowgo-1", "--max-retries", "1", *HEALTH)
+    try:
+        exporters["node-a"].text = training(job_id(api_server, "slowgo-1"), step=7, checkpoint=5)
+        wait_until(lambda: "deletionTimestamp" in (api_server.rayjob(NAMESPACE, "slowgo-1") or {}).get(
+            "metadata", {}), 60, "the restart's delete")
+        assert launcher(env, "stop", "slowgo-1").returncode == 0
+        assert process.wait(60) == 3, process.stderr.read()
+    finally:
+        process.kill()
+    assert len(applied_rayjobs(api_server)) == 1
+    run = record(env, "slowgo-1")
+    assert (run["state"], run["exit_code"], len(run["attempts"])) == ("STOPPED", 3, 1)
+
+
 @pytest.mark.parametrize(("answer", "words"), [
     (gzip_bomb(64 * 2**20), "inflates past"),
     (cut_short, "HTTP 503"),  # the API server's proxy turns a broken answer into its own error

@@ -39,6 +39,7 @@ class Subprocesses:
 
     names_attempts = True
     retries_itself = False
+    restart_removes_pods = False
     token = None
     running: ClassVar[dict[str, subprocess.Popen]] = {}  # every toy job of this process, by submission id
     stopped: ClassVar[set[str]] = set()

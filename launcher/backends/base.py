@@ -70,6 +70,7 @@ class Seen:
     end_time: float | None = None
     job: dict[str, Any] | None = None  # what stacks need of it (launcher/run.py job_view); None: not known
     retried: bool = False  # it failed and the platform retries it itself (retry.scheduled, no submit)
+    preempted: bool = False  # the platform's queue took it back (Kueue): not a failure, its next attempt follows
     run_end: tuple[str, str | None] | None = None  # the platform ended the run: its final state and reason
 
 
@@ -93,6 +94,7 @@ class Jobs(Protocol):
     address: str  # where the attempts go, as the journal says it
     names_attempts: bool  # True: attempt n is submitted as the engine's id for it (launcher/submission.py)
     retries_itself: bool  # True: the platform retries a failed attempt and enforces the deadlines itself
+    restart_removes_pods: bool  # True: stopping to restart deletes the attempt's pods before stop() returns
     token: str | None  # the cluster's Ray token: an attempt's progress token derives from it
 
     def status(self, attempt: int, sid: str | None) -> Seen | None:

@@ -24,6 +24,7 @@ class RayJobs:
 
     names_attempts = True
     retries_itself = False
+    restart_removes_pods = False
 
     def __init__(self, client: JobsClient, spec: JobSpec) -> None:
         self.client, self.spec = client, spec

@@ -11,7 +11,15 @@ What KubeRay stores, and how it is read here (rayjob_types.go, rayjob_controller
 - ValidationFailed is not terminal by KubeRay's own helper: a follower that waits for a terminal state
   waits for ever; here it ends the run as bad input, and the RayJob (which never ran) is deleted so the
   corrected spec can be applied under the same run id;
-- each retry has a new `status.jobId`: a new attempt in the journal;
+- each retry has a new `status.jobId`: a new attempt in the journal. KubeRay sets it at New ->
+  Initializing, before the RayCluster exists, and under Kueue suspends the RayJob right after (Kueue's
+  webhook created it suspended), resetting the jobId, and names a new one on admission: a jobId is an
+  attempt only once the deployment is past Initializing (Running, or an end), so a queued RayJob has no
+  attempt that never ran;
+- a suspend not asked here (Kueue's preemption: Suspending -> Suspended of a running RayJob) ends the
+  attempt as STOPPED and *preempted* (event `attempt.preempted`): not a failure, no retry's backoff, not
+  counted against max_retries (launcher/run.py `preemptions`); the run follows the attempt KubeRay starts
+  once Kueue admits the RayJob again;
 - the driver's output is the submitter Job's pod log (`batch.kubernetes.io/job-name=<RayJob>`); a retry
   replaces that pod, so each attempt's log is saved as it streams.
 
@@ -41,8 +49,8 @@ from launcher.backends.kuberay.render import KUEUE_QUEUE_LABEL
 from launcher.errors import BadInput, InfraError
 from launcher.jobs import ClusterLost
 from launcher.journal import Journal
-from launcher.run import LOST_AFTER_S, finish_run
-from launcher.state import RunRecord
+from launcher.run import LOST_AFTER_S, finish_run, preemptions
+from launcher.state import RunRecord, stop_requested
 
 if TYPE_CHECKING:
     from launcher.backends.kuberay.render import Applied
@@ -54,11 +62,16 @@ WATCH_SECONDS = 60  # a watch asks the server to close it after this long; it is
 POLL_S = 0.5  # how often a submitter pod (or a deleted RayJob's end) is looked for
 VIEW_POLL_S = 0.05  # how often an attempt's log stream looks whether KubeRay started it (no API call)
 LOG_JOIN_S = 5.0  # an ended attempt's log stream gets this long to drain
+LOG_NOTE_S = 5.0  # a submitter pod not there this long after its attempt started is said (once)
+LOG_POLL_MAX_S = 10.0  # the longest wait between two looks for a submitter pod
 GONE_WAIT_S = 300.0  # a RayJob deleted to restart it gets this long to go (its pods stop, the finalizer runs)
 
 # KubeRay's failure reasons that are not the job's own failure (the run's infrastructure).
 INFRA_REASONS = {"SubmissionFailed", "JobDeploymentStatusTransitionGracePeriodExceeded", "RayClusterFailed"}
 VALIDATION_FAILED = "ValidationFailed"
+# Deployment states before an attempt runs: KubeRay may have named it (status.jobId), Kueue may take that back.
+NOT_STARTED = {None, "", "New", "Initializing", "Waiting", "Suspending", "Suspended"}
+SUSPENDED = {"Suspending", "Suspended"}
 
 
 @dataclass
@@ -97,10 +110,12 @@ class _PodLog:
             self.done.set()
 
     def _pod(self) -> str | None:
-        """The attempt's submitter pod: KubeRay creates it a moment after the attempt's jobId (which may be
-        long in coming: a RayJob waits in Kueue's queue until it is admitted)."""
-        jobs, deadline = self.jobs, None
-        while not jobs.finished.is_set() and (deadline is None or time.monotonic() < deadline):
+        """The attempt's submitter pod: KubeRay creates its Job once the attempt runs, and the pod may wait long
+        for a node (a GPU node's scale-up). Looked for while the attempt lives, every POLL_S doubling up to
+        LOG_POLL_MAX_S, through the API server's blinks; said once when it is not there after LOG_NOTE_S. An
+        ended attempt gets one last look (an ended submitter pod's log stays readable)."""
+        jobs, wait, since, said = self.jobs, POLL_S, None, False
+        while not jobs.finished.is_set():
             if self.attempt not in jobs.views:
                 if jobs.number is not None and jobs.number > self.attempt:
                     return None  # it never started here: nothing of it to read
@@ -111,15 +126,27 @@ class _PodLog:
                 jobs.journal.reporter.warn(f"the driver's log of attempt {self.attempt} is gone: KubeRay replaced "
                                            "its submitter pod before it could be read")
                 return None
-            deadline = deadline or time.monotonic() + 120
-            pods = jobs.core.list_namespaced_pod(jobs.namespace,
-                                                 label_selector=f"{JOB_NAME_LABEL}={jobs.name}").items
+            since = since or time.monotonic()
+            ended = jobs.views[self.attempt].end_time is not None  # read before the look: one last look
+            try:
+                pods = jobs.core.list_namespaced_pod(jobs.namespace,
+                                                     label_selector=f"{JOB_NAME_LABEL}={jobs.name}").items
+            except Exception:  # noqa: BLE001 - the API server's trouble is the watch's to judge: look again
+                pods = []
             fresh = sorted((pod for pod in pods if pod.metadata.uid not in jobs.pods_seen),
                            key=lambda pod: pod.metadata.creation_timestamp or 0)
             if fresh:
                 jobs.pods_seen.add(fresh[-1].metadata.uid)
                 return fresh[-1].metadata.name
-            time.sleep(POLL_S)
+            if ended:
+                return None
+            if not said and time.monotonic() - since > LOG_NOTE_S:
+                said = True
+                jobs.journal.reporter.warn(f"the driver's log of attempt {self.attempt} is not available yet (no "
+                                           f"submitter pod {LOG_NOTE_S:.0f}s after it started: its pod may wait "
+                                           "for a node); still looking while the attempt lives")
+            time.sleep(wait)
+            wait = min(wait * 2, LOG_POLL_MAX_S)
         return None
 
 
@@ -143,6 +170,7 @@ class RayJobAttempts:
 
     names_attempts = False  # KubeRay names each attempt (status.jobId)
     retries_itself = True  # backoffLimit, activeDeadlineSeconds
+    restart_removes_pods = True  # the foreground delete: the attempt's last values are recorded before it
     token = None  # the RayCluster's token is KubeRay's: no per-attempt progress token from here
 
     def __init__(self, applied: Applied, access: KubeAccess, journal: Journal, spec: JobSpec | None = None) -> None:
@@ -216,7 +244,7 @@ class RayJobAttempts:
                 raise RunEnds("DEADLINE_EXCEEDED", f"active_deadline_seconds ({limit}s) passed before the restart")
             spec = spec.model_copy(update={"active_deadline_seconds": int(left)})
         applied = kuberay.apply(spec, self.access, attempt_env=submission.env,
-                                backoff_limit=spec.max_attempts - submission.attempt)
+                                backoff_limit=spec.max_attempts + preemptions(self.record) - submission.attempt)
         self.kueue = KUEUE_QUEUE_LABEL in (applied.rayjob["metadata"].get("labels") or {})
         self.cluster_name = None
         self.watch()
@@ -242,7 +270,10 @@ class RayJobAttempts:
         with self._taking:
             self._generation += 1  # the deleted RayJob's watch ends; its news is dropped
         self._delete(foreground=True)
+        self.cluster_name = None  # its pods are going: no longer the watcher's or the recorder's targets
         gone = self._gone()
+        if gone is None:
+            raise RunEnds("STOPPED", "stop requested while the RayJob deleted to restart it was going")
         with self._taking:
             if attempt in self.views and attempt not in self._ended:
                 self._end(attempt, "STOPPED", why)
@@ -259,6 +290,8 @@ class RayJobAttempts:
         if log is None:
             raise LookupError(f"the submitter pod's log of attempt {attempt} was not followed")
         log.done.wait(LOG_JOIN_S)
+        if not log.text:  # nothing read: an empty saved log would hide the pod's (`launcher logs` reads it live)
+            raise LookupError(f"no output of attempt {attempt} was read from its submitter pod")
         return "".join(log.text)
 
     # --- the RayJob's changes --------------------------------------------------------------------------
@@ -306,7 +339,7 @@ class RayJobAttempts:
         # A new jobId is the next attempt; so is the same one coming back after a retry (a user's
         # --submission-id is the RayJob's spec.jobId, which KubeRay reuses on every retry).
         again = current in self._ended and deployment == "Running" and job_status in ("PENDING", "RUNNING")
-        if job_id and (view is None or view.submission_id != job_id or again):
+        if job_id and deployment not in NOT_STARTED and (view is None or view.submission_id != job_id or again):
             if current is not None and view is not None and current not in self._ended:
                 self._end(current, "FAILED", message)  # KubeRay moved on: the last attempt failed
             current = self._started(job_id)
@@ -321,6 +354,8 @@ class RayJobAttempts:
             if current not in self._ended:
                 self._end(current, "STOPPED", message)
             self._run_ends(("STOPPED", f"the RayJob was suspended ({self._stopping})"))
+        elif deployment in SUSPENDED and not self._stopping and current not in self._ended:
+            self._end(current, "STOPPED", "preempted: the RayJob was suspended (Kueue) while it ran", preempted=True)
         elif deployment in ("Complete", "Failed"):
             state, why = outcome(deployment, job_status, reason, message)
             if current not in self._ended:
@@ -338,9 +373,11 @@ class RayJobAttempts:
         self.number = number
         return number
 
-    def _end(self, attempt: int, status: str, message: str | None, retried: bool = False) -> None:
+    def _end(self, attempt: int, status: str, message: str | None, retried: bool = False,
+             preempted: bool = False) -> None:
         view = self.views[attempt]
         view.status, view.message, view.end_time, view.retried = status, message, time.time(), retried
+        view.preempted = preempted
         self._ended.add(attempt)
 
     def _run_ends(self, end: tuple[str, str | None]) -> None:
@@ -400,13 +437,15 @@ class RayJobAttempts:
                 failed = True
                 time.sleep(1)
 
-    def _gone(self) -> bool:
-        """Wait until the RayJob is gone (True), or GONE_WAIT_S passed."""
+    def _gone(self) -> bool | None:
+        """Wait until the RayJob is gone (True), or GONE_WAIT_S passed (False), or a stop is asked (None)."""
         from kubernetes.client.rest import ApiException
         from urllib3.exceptions import HTTPError
 
         deadline = time.monotonic() + GONE_WAIT_S
         while time.monotonic() < deadline:
+            if stop_requested(self.record.run_id):
+                return None
             try:
                 self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
             except ApiException as exc:
@@ -491,7 +530,7 @@ def catch_up(record: RunRecord) -> None:
         return
     status = obj.get("status") or {}
     deployment, job_id = status.get("jobDeploymentStatus"), status.get("jobId")
-    if job_id and not any(item.submission_id == job_id for item in record.attempts):
+    if job_id and deployment not in NOT_STARTED and not any(item.submission_id == job_id for item in record.attempts):
         follower.journal.emit("attempt.submitted", attempt=len(record.attempts) + 1, submission_id=job_id,
                               address=follower.access.server)
     if deployment in ("Complete", "Failed"):
