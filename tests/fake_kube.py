@@ -56,6 +56,8 @@ import json
 import os
 import secrets
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -124,6 +126,12 @@ def launcher_env(home: Path, ca: trustme.CA, server: FakeApiServer, namespace: s
                         current="team")
     clean = {key: value for key, value in os.environ.items() if not key.startswith("KUBERNETES_")}
     return {**clean, "KUBECONFIG": str(config), "RAYPULSE_HOME": str(home / "home")}
+
+
+def launcher(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m launcher ARGS` in the environment of launcher_env, its output captured."""
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, env=env, timeout=timeout)
 
 
 def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:

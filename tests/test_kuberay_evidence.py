@@ -29,7 +29,7 @@ import pytest
 import trustme
 
 from tests.conftest import REPO, wait_until
-from tests.fake_kube import Attempt, FakeApiServer, launcher_env
+from tests.fake_kube import Attempt, FakeApiServer, launcher, launcher_env
 
 pytest.importorskip("kubernetes")
 
@@ -130,10 +130,6 @@ def api_server(ca: trustme.CA, node: SidecarAndDashboard) -> Iterator[FakeApiSer
 def env(tmp_path: Path, ca: trustme.CA, api_server: FakeApiServer) -> dict[str, str]:
     return launcher_env(tmp_path, ca, api_server, NAMESPACE)
 
-
-def launcher(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=REPO,
-                          env=env, timeout=120)
 
 
 def running_job_id(api_server: FakeApiServer, run_id: str) -> str:

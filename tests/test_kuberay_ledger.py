@@ -5,8 +5,6 @@ keeps its seconds per cause, and they add up to its wall time."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +14,7 @@ import trustme
 from exporter.contract import wire
 from launcher.ledger import ledger
 from launcher.state import RunRecord
-from tests.conftest import REPO
-from tests.fake_kube import Attempt, FakeApiServer, launcher_env
+from tests.fake_kube import Attempt, FakeApiServer, launcher, launcher_env
 
 pytest.importorskip("kubernetes")
 
@@ -33,10 +30,6 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
         server.scripts["ledger-failed"] = [Attempt("FAILED", ["no luck"])]
         yield launcher_env(tmp_path, ca, server, NAMESPACE)
 
-
-def launcher(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=REPO,
-                          env=env, timeout=60)
 
 
 def _finished(env: dict[str, str], run_id: str) -> tuple[RunRecord, dict]:

@@ -9,16 +9,14 @@ container, tailLines and limitBytes) through the real kubernetes client and the 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trustme
 
-from tests.conftest import REPO, wait_until
-from tests.fake_kube import Attempt, FakeApiServer, launcher_env
+from tests.conftest import wait_until
+from tests.fake_kube import Attempt, FakeApiServer, launcher, launcher_env
 
 pytest.importorskip("kubernetes")
 
@@ -41,10 +39,6 @@ def api_server(ca: trustme.CA) -> Iterator[FakeApiServer]:
 def env(tmp_path: Path, ca: trustme.CA, api_server: FakeApiServer) -> dict[str, str]:
     return launcher_env(tmp_path, ca, api_server, NAMESPACE)
 
-
-def launcher(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=REPO,
-                          env=env, timeout=120)
 
 
 def running(env: dict[str, str], api_server: FakeApiServer, run_id: str) -> None:
