@@ -38,6 +38,14 @@ kube-apiserver behind its load balancer does while it restarts (the client sees 
 503s or refused connections); KubeRay's controller goes on meanwhile (the RayJobs' scripts keep running),
 so a watch opened again afterwards from a known resourceVersion gets only what changed since.
 
+Throttling (`throttle(seconds, retry_after)`): every request answers 429 TooManyRequests with a
+`Retry-After` header, as kube-apiserver's API Priority and Fairness (and its max-in-flight filter) does
+when a flow's queue is full (k8s.io/apiserver/pkg/server/filters/maxinflight.go and
+endpoints/handlers/responsewriters/errors.go: 429, `Retry-After: 1` by default). Conflicts
+(`conflicts = N`): the next N changes (PATCH, DELETE) of a RayJob answer 409 Conflict with the API's own
+message ("the object has been modified; please apply your changes to the latest version and try again"),
+as an update of an object whose resourceVersion moved does.
+
 Pods and their logs (core/v1, https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/
 "read log of the specified Pod", PodLogOptions): pods are listed by label selector
 (`GET /api/v1/namespaces/NS/pods?labelSelector=a=b,c=d`); a Ray pod carries KubeRay's labels
@@ -181,6 +189,10 @@ class FakeApiServer:
         self.expired = 0  # watches answered 410 Gone
         self._down_until = 0.0  # monotonic time an outage ends (outage())
         self.refused = 0  # requests answered 503 during outages
+        self._throttled_until = 0.0  # monotonic time a throttle ends (throttle())
+        self._retry_after = 1
+        self.throttled = 0  # requests answered 429
+        self.conflicts = 0  # the next changes of a RayJob answered 409 Conflict
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -243,6 +255,11 @@ class FakeApiServer:
                 self._changed.notify_all()
 
         asyncio.run_coroutine_threadsafe(wake(), self._loop).result(10)
+
+    def throttle(self, seconds: float, retry_after: int = 1) -> None:
+        """From now on for `seconds`: every request 429 with `Retry-After: retry_after`."""
+        self._retry_after = retry_after
+        self._throttled_until = time.monotonic() + seconds
 
     @property
     def down(self) -> bool:
@@ -480,6 +497,16 @@ class FakeApiServer:
         if self.down:
             self.refused += 1
             return self._error(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+        if time.monotonic() < self._throttled_until:
+            self.throttled += 1
+            response = self._error(429, "TooManyRequests", "Too many requests, please try again later.")
+            response.headers["Retry-After"] = str(self._retry_after)
+            return response
+        if self.conflicts and request.method in ("PATCH", "DELETE") and "/rayjobs/" in path:
+            self.conflicts -= 1
+            return self._error(409, "Conflict", "Operation cannot be fulfilled on rayjobs.ray.io: the object has "
+                               "been modified; please apply your changes to the latest version and try again",
+                               "rayjobs", path.rsplit("/", 1)[-1])
         if request.headers.get("Authorization", "").removeprefix("Bearer ").removeprefix("bearer ") != self.token:
             return self._error(401, "Unauthorized", "Unauthorized")
         if path == "/version":

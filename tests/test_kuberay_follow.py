@@ -355,6 +355,42 @@ def test_a_stop_asked_during_an_outage_is_carried_out_once_the_server_answers(en
     assert record(env, "stop-blip-1")["state"] == "STOPPED"
 
 
+def _deletes(api_server: FakeApiServer, name: str) -> int:
+    return sum(1 for method, path, _ in list(api_server.requests) if method == "DELETE" and path.endswith(f"/{name}"))
+
+
+def test_a_stop_while_the_server_throttles_waits_as_it_says_and_a_conflict_is_asked_again(
+        env: dict[str, str], api_server: FakeApiServer):
+    """429 with Retry-After (API Priority and Fairness): the delete a stop needs is asked again no sooner than
+    the server says; a 409 Conflict (the object moved) is asked again too, not taken for bad input."""
+    api_server.scripts["throttled-1"] = [Attempt("HOLD", ["training"])]
+    process = submitting(env, "throttled-1")
+    try:
+        wait_until(lambda: _running(env, "throttled-1"), 60, "the RayJob to run")
+        api_server.throttle(6, retry_after=3)
+        assert launcher(env, "stop", "throttled-1").returncode == 0
+        assert process.wait(90) == 3, process.stderr.read()
+    finally:
+        process.kill()
+    assert api_server.throttled > 0
+    # Within 6 s of 429s, at most one ask at the start and one after each 3 s Retry-After, then the one that
+    # succeeds (the follower's own pace, 0.5 s, would have asked ~12 times).
+    assert 1 <= _deletes(api_server, "throttled-1") <= 4
+    assert record(env, "throttled-1")["state"] == "STOPPED"
+
+    api_server.scripts["conflict-1"] = [Attempt("HOLD", ["training"])]
+    process = submitting(env, "conflict-1")
+    try:
+        wait_until(lambda: _running(env, "conflict-1"), 60, "the RayJob to run")
+        api_server.conflicts = 2
+        assert launcher(env, "stop", "conflict-1").returncode == 0
+        assert process.wait(90) == 3, process.stderr.read()
+    finally:
+        process.kill()
+    assert _deletes(api_server, "conflict-1") == 3  # two 409s, then the delete
+    assert api_server.rayjob(NAMESPACE, "conflict-1") is None
+
+
 def test_the_servers_trouble_is_infrastructure_and_the_requests_fault_is_bad_input():
     """As Kubernetes clients classify a failed call: 429, 5xx and lost connections are the server's (retried,
     then the run is lost: exit 5); any other 4xx is the request's, with its fix (exit 2)."""
@@ -374,6 +410,12 @@ def test_the_servers_trouble_is_infrastructure_and_the_requests_fault_is_bad_inp
         assert transient(server_side)
         assert isinstance(api_error(server_side, access, "delete rayjobs", "team-a"), InfraError)
     assert transient(ProtocolError("Connection aborted."))
+    conflict = ApiException(status=409, reason="Conflict")
+    conflict.body = json.dumps({"kind": "Status", "reason": "Conflict", "code": 409})
+    assert transient(conflict)  # the object moved under the change: asked again (client-go's RetryOnConflict)
+    exists = ApiException(status=409, reason="Conflict")
+    exists.body = json.dumps({"kind": "Status", "reason": "AlreadyExists", "code": 409})
+    assert not transient(exists)
     for own in (failed(403, "Forbidden"), failed(422, "Unprocessable Entity"), failed(400, "Bad Request")):
         assert not transient(own)
         assert isinstance(api_error(own, access, "create rayjobs", "team-a"), BadInput)

@@ -15,6 +15,7 @@ turned a dead server into a storm of tracebacks), and a connect timeout on every
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,14 +239,31 @@ def rayjob_crd_missing(exc: Any) -> bool:
 
 
 def transient(exc: Any) -> bool:
-    """Whether a failed call is the server's trouble, worth asking again, as Kubernetes clients take it
-    (client-go's retry: 429 Too Many Requests, 5xx, a connection that failed), not the request's."""
+    """Whether a failed call is worth asking again, as Kubernetes clients take it: the server's trouble
+    (client-go's retry: 429 Too Many Requests, 5xx, a connection that failed) or a 409 Conflict (the object
+    moved under the change: client-go's RetryOnConflict), not the request's own fault."""
     from kubernetes.client.rest import ApiException
     from urllib3.exceptions import HTTPError
 
     if isinstance(exc, ApiException):
-        return exc.status == 429 or exc.status >= 500
+        return exc.status == 429 or exc.status >= 500 or (exc.status == 409 and _status_reason(exc) == "Conflict")
     return isinstance(exc, (HTTPError, OSError))
+
+
+def _status_reason(exc: Any) -> str | None:
+    """The Status's reason (Conflict, AlreadyExists, ...) of a failed call."""
+    return (_status(exc) or {}).get("reason")
+
+
+def retry_after(exc: Any, least: float, most: float) -> float:
+    """How long to wait before asking again: the server's `Retry-After` seconds (429s carry it), within
+    [least, most]; `least` when it gives none."""
+    headers = getattr(exc, "headers", None) or {}
+    try:
+        seconds = float(headers.get("Retry-After", least))
+    except (TypeError, ValueError):  # an HTTP date, or garbage: the client's own pace
+        seconds = least
+    return min(max(seconds, least), most) if math.isfinite(seconds) else least
 
 
 def api_error(exc: Any, access: KubeAccess, action: str, namespace: str) -> BadInput | InfraError:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.backends.base import RunEnds, Seen, Submission
 from launcher.backends.kuberay import render as kuberay
-from launcher.backends.kuberay.access import KubeAccess, api_error, kube_api, transient
+from launcher.backends.kuberay.access import KubeAccess, api_error, kube_api, retry_after, transient
 from launcher.backends.kuberay.render import KUEUE_QUEUE_LABEL
 from launcher.errors import BadInput, InfraError
 from launcher.jobs import ClusterLost
@@ -60,6 +60,7 @@ GROUP, VERSION, PLURAL = "ray.io", "v1", "rayjobs"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the label Kubernetes puts on a Job's pods
 WATCH_SECONDS = 60  # a watch asks the server to close it after this long; it is opened again at once
 POLL_S = 0.5  # how often a submitter pod (or a deleted RayJob's end) is looked for
+RETRY_AFTER_MAX_S = 10.0  # the longest a server's Retry-After is waited before a change is asked again
 VIEW_POLL_S = 0.05  # how often an attempt's log stream looks whether KubeRay started it (no API call)
 LOG_JOIN_S = 5.0  # an ended attempt's log stream gets this long to drain
 LOG_NOTE_S = 5.0  # a submitter pod not there this long after its attempt started is said (once)
@@ -482,10 +483,11 @@ class RayJobAttempts:
                 error = exc
             if not transient(error):
                 raise api_error(error, self.access, action, self.namespace) from None
-            if time.monotonic() >= lost_at:
+            left = lost_at - time.monotonic()
+            if left <= 0:
                 raise InfraError(f"kubernetes: {self.access.server} did not answer {action} in namespace "
                                  f"{self.namespace} for {LOST_AFTER_S:.0f}s ({_short(error)})") from None
-            time.sleep(POLL_S)
+            time.sleep(retry_after(error, POLL_S, min(left, RETRY_AFTER_MAX_S)))
 
 
 def _short(exc: BaseException) -> str:
