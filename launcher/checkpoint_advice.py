@@ -96,12 +96,20 @@ def run_faults(record: RunRecord, now: float | None = None) -> FaultRate:
     return FaultRate(faults, seconds)
 
 
-def fault_rate(record: RunRecord, history: Iterable[RunRecord] = (), now: float | None = None) -> FaultRate:
-    """This run's faults pooled with those of the finished runs in `history` (the others under
-    $RAYPULSE_HOME; runs still going are left out, their exposure is not final)."""
-    rates = [run_faults(record, now)]
-    rates += [run_faults(run) for run in history if run.run_id != record.run_id and run.finished_at is not None]
+def past_faults(history: Iterable[RunRecord], run_id: str) -> FaultRate:
+    """The faults and exposure of the finished runs in `history` other than `run_id` (runs still going are
+    left out, their exposure is not final): what a run's advice pools with its own, read once."""
+    rates = [run_faults(run) for run in history if run.run_id != run_id and run.finished_at is not None]
     return FaultRate(sum(rate.faults for rate in rates), sum(rate.seconds for rate in rates))
+
+
+def fault_rate(record: RunRecord, history: Iterable[RunRecord] = (), now: float | None = None,
+               past: FaultRate | None = None) -> FaultRate:
+    """This run's faults pooled with those of the finished runs in `history` (the others under
+    $RAYPULSE_HOME), or with `past` when it was summed already (past_faults)."""
+    own = run_faults(record, now)
+    past = past_faults(history, record.run_id) if past is None else past
+    return FaultRate(own.faults + past.faults, own.seconds + past.seconds)
 
 
 def redone_steps(record: RunRecord) -> int:
@@ -125,26 +133,28 @@ def measured(record: RunRecord) -> tuple[float | None, float | None]:
     return cost, interval
 
 
-def for_run(record: RunRecord, history: Iterable[RunRecord] | None = None,
-            mtbf_s: float | None = None) -> Advice | None:
-    """The advice the summary, report and gauges show, pooling the runs under $RAYPULSE_HOME (`history`,
-    read when not given); None for a run with nothing to advise on (no save timed and no fault: a job
-    that does not checkpoint)."""
+def for_run(record: RunRecord, past: FaultRate | None = None, mtbf_s: float | None = None) -> Advice | None:
+    """The advice the summary, report and gauges show, pooling the runs under $RAYPULSE_HOME (`past`, their
+    past_faults, read when not given); None for a run with nothing to advise on (no save timed and no
+    fault: a job that does not checkpoint)."""
     if mtbf_s is None:  # the run's health.mtbf_seconds, when its spec gave one
         mtbf_s = (record.spec.get("health") or {}).get("mtbf_seconds")
-    advice = advise(record, history=list_runs() if history is None else history, mtbf_s=mtbf_s)
+    if past is None:
+        past = past_faults(list_runs(), record.run_id)
+    advice = advise(record, past=past, mtbf_s=mtbf_s)
     return advice if advice.cost_s is not None or run_faults(record).faults else None
 
 
 def advise(record: RunRecord, *, cost_s: float | None = None, interval_s: float | None = None,
-           history: Iterable[RunRecord] = (), mtbf_s: float | None = None, now: float | None = None) -> Advice:
+           history: Iterable[RunRecord] = (), mtbf_s: float | None = None, now: float | None = None,
+           past: FaultRate | None = None) -> Advice:
     """The advice for a run. Its checkpoint cost and interval are those measured (`measured`) unless
     given; a given mean time between faults overrides the one seen."""
     seen_cost, seen_interval = measured(record)
     cost_s = seen_cost if cost_s is None else cost_s
     interval_s = seen_interval if interval_s is None else interval_s
     own = run_faults(record, now)
-    rate = FaultRate(0, 0.0) if mtbf_s is not None else fault_rate(record, history, now)
+    rate = FaultRate(0, 0.0) if mtbf_s is not None else fault_rate(record, history, now, past)
     mtbf = mtbf_s if mtbf_s is not None else rate.mtbf_s
     redone = redone_steps(record)
     if cost_s is None:

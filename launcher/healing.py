@@ -92,7 +92,7 @@ class Healing:
         self._slow_said = False
         self._fallback_said = False  # the watcher reads another source than the Prometheus asked for, said once
         self._thresholds_said: dict[str | None, Threshold] = {}  # by phase (None: between reports)
-        self._history: list[RunRecord] | None = None  # the runs under $RAYPULSE_HOME, read once (advice)
+        self._past: checkpoint_advice.FaultRate | None = None  # the other runs' faults under $RAYPULSE_HOME, read once
 
     # --- an attempt's life ---------------------------------------------------------------------------
 
@@ -467,9 +467,9 @@ class Healing:
 
     def _checkpoint_report(self) -> dict[str, float | None]:
         """The checkpoint interval in use and the one advised for the fault rate (launcher/checkpoint_advice.py)."""
-        if self._history is None:
-            self._history = [run for run in list_runs() if run.finished_at is not None]
-        advice = checkpoint_advice.for_run(self.record, self._history)
+        if self._past is None:  # summed once: the check keeps two numbers, not every past run's record
+            self._past = checkpoint_advice.past_faults(list_runs(), self.record.run_id)
+        advice = checkpoint_advice.for_run(self.record, self._past)
         if advice is None:
             return {}
         return {key: round(value, 1) if value else None for key, value in
