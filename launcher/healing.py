@@ -33,7 +33,7 @@ from launcher.health.policy import FaultClass, HealthPolicy
 from launcher.health.promql import PromqlReader
 from launcher.health.remedy import NodeRemedy
 from launcher.health.threshold import Threshold
-from launcher.health.watcher import Watcher
+from launcher.health.watcher import Check, Watcher
 from launcher.journal import Journal
 from launcher.ledger import Ledger, ledger, steps_lost
 from launcher.raydash import RayDashboard
@@ -257,9 +257,7 @@ class Healing:
         if result.back:
             self.journal.emit("health.exporter_back", attempt=attempt.number, node=result.back[0],
                               count=len(result.back), nodes=result.back[:NAMED])
-        if result.progress is not None and result.progress.step:  # a job that reports no steps: its silence
-            self._note_thresholds(attempt.number)
-        self._note_progress(attempt.number, result.progress, result.threshold)
+        self._keep_books(attempt.number, result)
         for fault in result.faults:
             action = self.policy.action(fault.kind)
             self.journal.emit("health.fault", attempt=attempt.number, fault=fault.kind.value, summary=fault.summary,
@@ -408,6 +406,16 @@ class Healing:
                    for item in later)
 
     # --- progress ------------------------------------------------------------------------------------
+
+    def _keep_books(self, attempt: int, result: Check) -> None:
+        """The check's bookkeeping (thresholds said, progress facts, the ledger's gauge). Its failure is said
+        (health.check_failed) and never costs the check its faults: those were read once and are acted on."""
+        try:
+            if result.progress is not None and result.progress.step:  # a job that reports no steps: its silence
+                self._note_thresholds(attempt)
+            self._note_progress(attempt, result.progress, result.threshold)
+        except Exception as exc:  # noqa: BLE001 - the faults below matter more than the books
+            self._say_check_failed(f"{type(exc).__name__}: {exc}")
 
     def _note_thresholds(self, attempt: int) -> None:
         """A hang threshold (between reports, or an RL phase's) that changed its rule or by a tenth: an

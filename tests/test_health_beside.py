@@ -139,3 +139,24 @@ def test_a_check_in_flight_across_an_attempt_change_lands_on_the_attempt_it_read
             release.set()
             heal.close()
     assert not [event for event in record.events if event.kind == "health.recovered"]
+
+
+def test_a_check_whose_bookkeeping_fails_still_acts_on_its_fault(home: Path, monkeypatch: pytest.MonkeyPatch):
+    """The faults a check read are acted on even when keeping the attempt's progress facts raises: the XID is
+    read once, so losing it to the books would leave a faulty GPU under the run."""
+    with ExporterLike(TRAIN_STEP) as server:
+        heal, record = healing(lambda: [Target("node-a", server.url)])
+        server.text = TRAIN_STEP + f'raypulse_gpu_xid_last_timestamp_seconds{{gpu="0",uuid="GPU-0a",xid="79"}} ' \
+            f'{time.time():.3f}\n'  # after the attempt began: its fault
+
+        def broken(*args, **kwargs) -> None:
+            raise RuntimeError("the books are broken")
+
+        monkeypatch.setattr(heal, "_note_progress", broken)
+        heal.running(time.time())
+        fault = heal.check()
+    assert fault is not None
+    assert fault.kind.value == "gpu_fault"
+    assert [(event.kind, event.details.get("fault")) for event in record.events if event.kind.startswith("health.")] \
+        == [("health.check_failed", None), ("health.fault", "gpu_fault")]
+    assert "the books are broken" in record.events[-2].details["error"]
