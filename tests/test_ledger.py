@@ -193,7 +193,8 @@ def test_a_run_still_in_the_queue_is_queued_until_now():
     assert "queued 10s" in result.line()
 
 
-def test_launcher_status_shows_where_the_time_went():
+def test_launcher_status_shows_where_the_time_went(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RAYPULSE_HOME", str(tmp_path))  # its checkpoint advice pools the runs there: none
     record = run("FAILED", 72, [attempt(1, 0, running=3, first=(1, 10), newest=(50, 59), status="FAILED")], [
         event(0, "attempt.submitted", 1, submission_id="r-a1"),
         event(70, "attempt.finished", 1, submission_id="r-a1", status="FAILED", state="FAILED"),
