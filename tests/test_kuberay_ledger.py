@@ -78,6 +78,11 @@ def _shown(env: dict[str, str], run_id: str) -> RunRecord | None:
     return RunRecord.model_validate(json.loads(shown.stdout)) if shown.returncode == 0 else None
 
 
+def _has(env: dict[str, str], run_id: str, **fields: object) -> bool:
+    record = _shown(env, run_id)
+    return record is not None and all(getattr(record, name) == value for name, value in fields.items())
+
+
 def _time_line(env: dict[str, str], run_id: str) -> str:
     shown = launcher(env, "status", run_id)
     return next((line for line in shown.stdout.splitlines() if line.startswith("time      ")), "")
@@ -129,8 +134,7 @@ def test_the_wait_after_a_preemption_until_kueue_admits_the_run_again_is_queued(
     try:
         wait_until(lambda: _queued_now(env, "ledger-preempted", 1), 60, "the run to be queued")
         server.admit(NAMESPACE, "ledger-preempted")
-        wait_until(lambda: (_shown(env, "ledger-preempted") or RunRecord(run_id="-", name="-", backend="-")).state
-                   == "RUNNING", 60, "the first attempt to run")
+        wait_until(lambda: _has(env, "ledger-preempted", state="RUNNING"), 60, "the first attempt to run")
         server.preempt(NAMESPACE, "ledger-preempted")
         wait_until(lambda: _queued_now(env, "ledger-preempted", 2), 60, "the preempted run to be queued again")
         readmitted_at = time.time()
@@ -150,3 +154,22 @@ def test_the_wait_after_a_preemption_until_kueue_admits_the_run_again_is_queued(
     wall = record.finished_at - record.created_at
     assert sum(split.values()) == pytest.approx(wall, rel=0.01)
     assert sum(ledger(record).seconds.values()) == pytest.approx(wall)
+
+
+def test_a_run_nothing_follows_is_queued_as_status_finds_it(env: dict[str, str], server: FakeApiServer):
+    """--no-wait: `launcher status` reads the RayJob (catch_up) and says the wait as it sees it: queued while
+    Kueue holds it, admitted from the first look after Kueue let it go."""
+    server.scripts["ledger-left"] = [Attempt("SUCCEEDED", ["trained"])]
+    result = launcher(env, "submit", "--backend", "kuberay", "--run-id", "ledger-left", "--queue", "team-nlp",
+                      "--no-wait", "--", "python train.py")
+    assert result.returncode == 0, result.stderr
+    wait_until(lambda: _queued_now(env, "ledger-left", 1), 60, "`launcher status` to show the run queued")
+    admitted_at = time.time()
+    server.admit(NAMESPACE, "ledger-left")
+    wait_until(lambda: _has(env, "ledger-left", exit_code=0), 60, "the run to succeed")
+    record, split = _finished(env, "ledger-left")
+    [(queued, admitted)] = queue_waits(record.events)
+    assert admitted is not None
+    assert admitted >= admitted_at
+    assert split["queued"] == pytest.approx(admitted - queued, abs=0.01)
+    assert sum(split.values()) == pytest.approx(record.finished_at - record.created_at, rel=0.01)
