@@ -16,10 +16,12 @@ advice says so instead of a number.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from alerts.config import DEFAULT as ALERTS
 from launcher.exitcodes import ExitCode
@@ -137,12 +139,13 @@ def for_run(record: RunRecord, past: FaultRate | None = None, mtbf_s: float | No
     """The advice the summary, report and gauges show, pooling the runs under $RAYPULSE_HOME (`past`, their
     past_faults, read when not given); None for a run with nothing to advise on (no save timed and no
     fault: a job that does not checkpoint)."""
+    if measured(record)[0] is None and not run_faults(record).faults:
+        return None  # nothing to advise on: the other runs are not read
     if mtbf_s is None:  # the run's health.mtbf_seconds, when its spec gave one
         mtbf_s = (record.spec.get("health") or {}).get("mtbf_seconds")
     if past is None:
         past = past_faults(list_runs(), record.run_id)
-    advice = advise(record, past=past, mtbf_s=mtbf_s)
-    return advice if advice.cost_s is not None or run_faults(record).faults else None
+    return advise(record, past=past, mtbf_s=mtbf_s)
 
 
 def advise(record: RunRecord, *, cost_s: float | None = None, interval_s: float | None = None,
@@ -188,7 +191,18 @@ def facts(advice: Advice) -> list[tuple[str, str]]:
     return rows
 
 
+def summary(advice: Advice) -> str:
+    """The advice in one line: `launcher status`'s `checkpts` line, and describe()'s."""
+    return ", ".join(value if what in ("checkpoint advice", "verdict") else f"{what} {value}"
+                     for what, value in facts(advice))
+
+
 def describe(advice: Advice) -> str:
     """The end-of-run summary's line."""
-    return "checkpoint advice: " + ", ".join(value if what in ("checkpoint advice", "verdict") else f"{what} {value}"
-                                             for what, value in facts(advice))
+    return f"checkpoint advice: {summary(advice)}"
+
+
+def as_json(advice: Advice) -> dict[str, Any]:
+    """The advice's numbers (None where the data does not allow one; `why` says what is missing) and its
+    verdict: `launcher status -o json`'s `checkpoint_advice`."""
+    return {**dataclasses.asdict(advice), "too_rare": advice.too_rare}

@@ -208,8 +208,11 @@ def _print_json(data: Any) -> None:
 
 
 def _print_run(record: RunRecord) -> None:
-    """A run as `launcher status -o json` prints it."""
-    _print_json(redact.details(record.model_dump(mode="json", exclude={"spec"})))
+    """A run as `launcher status -o json` prints it: its record, and its checkpoint advice (null when there is
+    nothing to advise on)."""
+    advice = checkpoint_advice.for_run(record)
+    _print_json(redact.details({**record.model_dump(mode="json", exclude={"spec"}),
+                                "checkpoint_advice": checkpoint_advice.as_json(advice) if advice else None}))
 
 
 def _when(stamp: float | None) -> str:
@@ -242,6 +245,9 @@ def _status_text(record: RunRecord) -> str:
         lines.append(f"  {attempt.attempt}  {attempt.submission_id}  {attempt.status:<9} "
                      f"{_when(attempt.submitted_at)} -> {_when(attempt.ended_at)}  {detail}".rstrip())
     lines.append(f"time      {ledger(record).line()}")
+    advice = checkpoint_advice.for_run(record)
+    if advice is not None:
+        lines.append(f"checkpts  {checkpoint_advice.summary(advice)}")
     lines += _hang_thresholds(record)
     shown = [event for event in record.events if event.message or event.kind not in QUIET_EVENTS]
     if shown:

@@ -111,6 +111,10 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("attempt.finished", say=_finished),
     Kind("attempt.preempted", say=lambda d: f"attempt {d['attempt']} preempted (its RayJob suspended by Kueue): not "
          f"a failure, not counted against max_retries; attempt {d['attempt'] + 1} runs once it is admitted again"),
+    # a run's wait in its platform's queue (Kueue, launcher/backends/kuberay/follow.py): the ledger's `queued`
+    Kind("run.queued", say=lambda d: "waiting in Kueue's queue" + (f" {d['queue']}" if d.get("queue") else "")
+         + ": the RayJob stays suspended until it is admitted"),
+    Kind("run.admitted", say=lambda d: f"admitted by Kueue after {d['seconds']:g}s in the queue"),
     Kind("retry.scheduled", say=lambda d: f"attempt {d['attempt']} {_why_again(d)}; attempt {d['attempt'] + 1} in "
                                           f"{d['delay']:g}s"),
     Kind("run.resume", say=lambda d: f"attempt {d['attempt']} resumes from the checkpoint of step {d.get('step')}"

@@ -23,15 +23,17 @@ The timeline is painted in this order, a later rule winning over an earlier one:
    newest step if earlier), to the attempt's end; from the newest step of an attempt that succeeded to
    its end (the job winding down).
 8. backoff: from `retry.scheduled` for its `delay`, cut at the next submission.
-9. lost to the end: for a run that failed (any end but KEPT_ENDS), everything after its newest step.
+9. queued: from `run.queued` to the next `run.admitted` (or the run's end, or now): the run waited in its
+   platform's queue. On KubeRay under Kueue the follower (launcher/backends/kuberay/follow.py) says both, for the
+   RayJob created suspended and for the wait after a preemption until it is admitted again; KubeRay's cluster
+   start after the admission stays provisioning. The local and existing backends have no queue event (a job
+   that Ray holds PENDING for resources waits in startup).
+10. lost to the end: for a run that failed (any end but KEPT_ENDS), everything after its newest step.
 
-10. checkpoint stall: not painted on the line but taken out of the productive time, where the saves
+11. checkpoint stall: not painted on the line but taken out of the productive time, where the saves
    fall (between steps): each attempt's saves (the most one rank made, as the watcher last saw them)
    times their newest cost (the slowest rank's), from the run record's checkpoint facts. An estimate:
    every save is taken to cost what the newest did.
-
-Queued is 0 on every backend: no event tells a queued attempt from one that starts (its wait is in
-startup).
 """
 
 from __future__ import annotations
@@ -125,6 +127,18 @@ def _earliest(*moments: float | None) -> float | None:
     return min((moment for moment in moments if moment is not None), default=None)
 
 
+def queue_waits(events: Iterable[EventRecord]) -> list[tuple[float, float | None]]:
+    """The run's waits in its platform's queue, from `run.queued` to the next `run.admitted` (None: it waits
+    still), in order."""
+    waits: list[tuple[float, float | None]] = []
+    for event in events:
+        if event.kind == "run.queued" and (not waits or waits[-1][1] is not None):
+            waits.append((event.time, None))
+        elif event.kind == "run.admitted" and waits and waits[-1][1] is None:
+            waits[-1] = (waits[-1][0], event.time)
+    return waits
+
+
 def _redone_until(record: RunRecord, item: AttemptRecord) -> float | None:
     """When a resumed attempt had made again the steps its predecessors had made (None: nothing redone)."""
     made = max((other.last_step for other in record.attempts
@@ -178,6 +192,8 @@ def ledger(record: RunRecord, now: float | None = None, ending: str | None = Non
             if following is not None and following.submitted_at is not None:
                 until = min(until, following.submitted_at)
             line.paint(event.time, until, "backoff")
+    for queued, admitted in queue_waits(record.events):
+        line.paint(queued, end if admitted is None else admitted, "queued")
     progress = [item.last_progress_at for item in record.attempts if item.last_progress_at is not None]
     if finished and state not in KEPT_ENDS and progress:
         line.paint(max(progress), end, "lost_to_end")

@@ -142,6 +142,13 @@ def launcher(env: dict[str, str], *args: str, timeout: float = 120) -> subproces
                           cwd=Path(__file__).resolve().parent.parent, env=env, timeout=timeout)
 
 
+def launching(env: dict[str, str], *args: str) -> subprocess.Popen:
+    """`python -m launcher ARGS` in the environment of launcher_env, left running (its output piped) for the
+    test to act on."""
+    return subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=Path(__file__).resolve().parent.parent,
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
     """JSON merge patch (RFC 7386): null deletes, objects merge, the rest replaces."""
     for key, value in patch.items():

@@ -3,6 +3,7 @@ fault rate gathered from a run's attempts and the finished runs under $RAYPULSE_
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -120,3 +121,40 @@ def test_the_runs_own_spec_can_give_the_mean_time_between_faults(tmp_path, monke
     got = advice.for_run(run)
     assert got is not None
     assert got.advised_s == pytest.approx(math.sqrt(2 * 8.0 * 600.0))
+
+
+def test_launcher_status_shows_the_advice_in_text_and_json(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """The same line as the end of `launcher submit` (its summary) and the numbers under `checkpoint_advice`;
+    a run with nothing to advise on shows neither."""
+    from click.testing import CliRunner
+
+    from launcher.cli import main
+
+    monkeypatch.setenv("RAYPULSE_HOME", str(tmp_path))
+    advised = _run("ckpt-1", [(0, 3000), (3000, 6000)], steps=[(None, 500), (450, 900)])
+    advised.attempts[0].checkpoint_seconds = 8.0
+    advised.attempts[0].first_checkpoint, advised.attempts[0].last_checkpoint = (1.0, 100.0), (2.0, 1900.0)
+    advised.spec = {"health": {"mtbf_seconds": 600.0}}
+    advised.save()
+    _run("ckpt-none", [(0, 100)]).save()
+    expected = advice.for_run(advised)
+    assert expected is not None
+    assert expected.too_rare  # saves every 1800 s where Young-Daly says 98 s
+
+    text = CliRunner().invoke(main, ["status", "ckpt-1"])
+    assert text.exit_code == 0, text.output
+    [line] = [line for line in text.stdout.splitlines() if line.startswith("checkpts")]
+    assert line == f"checkpts  {advice.summary(expected)}"
+    assert advice.describe(expected) == f"checkpoint advice: {advice.summary(expected)}"  # submit's end says the same
+    assert "checkpoints too rare for this fault rate" in line
+    shown = CliRunner().invoke(main, ["status", "ckpt-1", "-o", "json"])
+    assert shown.exit_code == 0, shown.output
+    got = json.loads(shown.stdout)["checkpoint_advice"]
+    assert (got["advised_s"], got["interval_s"], got["redone_steps"], got["too_rare"]) == (
+        pytest.approx(math.sqrt(2 * 8.0 * 600.0)), 1800.0, 50, True)
+
+    nothing = CliRunner().invoke(main, ["status", "ckpt-none"])
+    assert nothing.exit_code == 0, nothing.output
+    assert "checkpts" not in nothing.stdout
+    assert json.loads(CliRunner().invoke(main, ["status", "ckpt-none", "-o", "json"]).stdout)["checkpoint_advice"] \
+        is None

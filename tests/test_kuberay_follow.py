@@ -19,7 +19,7 @@ import pytest
 import trustme
 
 from tests.conftest import REPO, wait_until
-from tests.fake_kube import VALIDATION_FAILED, Attempt, FakeApiServer, launcher_env
+from tests.fake_kube import VALIDATION_FAILED, Attempt, FakeApiServer, launcher_env, launching
 
 pytest.importorskip("kubernetes")
 
@@ -53,9 +53,7 @@ def submit(env: dict[str, str], run_id: str, *flags: str) -> subprocess.Complete
 
 def submitting(env: dict[str, str], run_id: str, *flags: str) -> subprocess.Popen:
     """`launcher submit` of a RayJob, left running (its output piped) for the test to act on."""
-    return subprocess.Popen([sys.executable, "-m", "launcher", "submit", "--backend", "kuberay", "--run-id", run_id,
-                             *flags, "--", "python train.py"], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return launching(env, "submit", "--backend", "kuberay", "--run-id", run_id, *flags, "--", "python train.py")
 
 
 def record(env: dict[str, str], run_id: str) -> dict:

@@ -164,7 +164,37 @@ def test_a_run_waiting_out_its_backoff_is_in_backoff_now():
         "startup": 5, "productive": 20, "detecting": 5, "provisioning": 1, "backoff": 5}
 
 
-def test_launcher_status_shows_where_the_time_went():
+def test_the_waits_in_the_queue_are_queued_before_and_after_a_preemption():
+    # Kueue holds the RayJob 0-30 s; KubeRay starts its cluster (provisioning) and runs attempt 1 from 40 until
+    # Kueue preempts it at 70; queued again 70-100; attempt 2 from 110 to its end at 150, the run's at 152.
+    record = run("SUCCEEDED", 152, [attempt(1, 40, running=40, first=(1, 45), newest=(20, 69), status="STOPPED"),
+                                    attempt(2, 110, running=110, first=(21, 115), newest=(60, 149))], [
+        event(1, "run.queued", queue="team-nlp"),
+        event(30, "run.admitted", seconds=29),
+        event(40, "attempt.submitted", 1, submission_id="r-a1"),
+        event(70, "run.queued", queue="team-nlp"),
+        event(70, "attempt.finished", 1, submission_id="r-a1", status="STOPPED", state="STOPPED"),
+        event(70, "attempt.preempted", 1),
+        event(100, "run.admitted", seconds=30),
+        event(110, "attempt.submitted", 2, submission_id="r-a2"),
+        event(150, "attempt.finished", 2, submission_id="r-a2", status="SUCCEEDED", state="SUCCEEDED"),
+        event(152, "run.finished", state="SUCCEEDED"),
+    ])
+    assert split(record) == {"queued": 59, "provisioning": 1 + 10 + 10, "startup": 5 + 5, "productive": 24 + 34,
+                             "detecting": 1, "stopping": 1 + 2}
+
+
+def test_a_run_still_in_the_queue_is_queued_until_now():
+    record = run("PENDING", 0, [], [event(2, "run.queued", queue="team-nlp")])
+    record.finished_at = None
+    result = ledger(record, now=T0 + 12)
+    assert {cause: seconds for cause, seconds in result.seconds.items() if seconds} == {
+        "provisioning": 2, "queued": 10}
+    assert "queued 10s" in result.line()
+
+
+def test_launcher_status_shows_where_the_time_went(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RAYPULSE_HOME", str(tmp_path))  # its checkpoint advice pools the runs there: none
     record = run("FAILED", 72, [attempt(1, 0, running=3, first=(1, 10), newest=(50, 59), status="FAILED")], [
         event(0, "attempt.submitted", 1, submission_id="r-a1"),
         event(70, "attempt.finished", 1, submission_id="r-a1", status="FAILED", state="FAILED"),

@@ -20,6 +20,14 @@ What KubeRay stores, and how it is read here (rayjob_types.go, rayjob_controller
   attempt as STOPPED and *preempted* (event `attempt.preempted`): not a failure, no retry's backoff, not
   counted against max_retries (launcher/run.py `preemptions`); the run follows the attempt KubeRay starts
   once Kueue admits the RayJob again;
+- the time in Kueue's queue is journal events, one per change, from the RayJob as it is seen (by the follower,
+  or by `catch_up` for a run nobody follows): `run.queued` when the RayJob waits suspended (spec.suspend) before
+  it runs (created suspended by Kueue's webhook, or preempted: from Suspending on), `run.admitted` when Kueue
+  lets it go (spec.suspend false). The ledger (launcher/ledger.py) paints that span `queued`. A suspend asked
+  here (a stop under Kueue) is not a queue. Pods Pending for want of a node are not told apart: neither the
+  RayJob's status nor its rayClusterStatus says a pod is unschedulable (only each pod's PodScheduled condition
+  does, which would take a pod watch per run), and an unschedulable pod is also how the cluster autoscaler's
+  scale-up begins (provisioning, not a queue);
 - the driver's output is the submitter Job's pod log (`batch.kubernetes.io/job-name=<RayJob>`); a retry
   replaces that pod, so each attempt's log is saved as it streams.
 
@@ -49,6 +57,7 @@ from launcher.backends.kuberay.render import KUEUE_QUEUE_LABEL
 from launcher.errors import BadInput, InfraError
 from launcher.jobs import ClusterLost
 from launcher.journal import Journal
+from launcher.ledger import queue_waits
 from launcher.run import LOST_AFTER_S, finish_run, preemptions
 from launcher.state import RunRecord, stop_requested
 
@@ -312,6 +321,23 @@ class RayJobAttempts:
                 self._take(kind, obj)
             except BadInput as exc:
                 self._refused = exc
+                return
+        if kind != "DELETED":
+            self.queue(obj)  # after the lock: the engine's reads never wait for the journal's write
+
+    def queue(self, obj: dict[str, Any]) -> None:
+        """The RayJob's place in Kueue's queue, in the journal when it changes: `run.queued` once it waits
+        suspended before it runs, `run.admitted` once Kueue lets it go (spec.suspend false)."""
+        suspended = bool((obj.get("spec") or {}).get("suspend"))
+        deployment = (obj.get("status") or {}).get("jobDeploymentStatus")
+        if self._stopping or (suspended and deployment not in NOT_STARTED):
+            return  # suspended to stop it (not a queue), or preempted while KubeRay has not suspended it yet
+        waits = queue_waits(self.record.events)
+        waiting = bool(waits) and waits[-1][1] is None
+        if suspended and not waiting:
+            self.journal.emit("run.queued", queue=(obj.get("metadata", {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL))
+        elif waiting and not suspended:
+            self.journal.emit("run.admitted", seconds=round(time.time() - waits[-1][0], 1))
 
     def _answered(self) -> None:
         """The API server answered again: it is not lost (whatever the RayJob did meanwhile comes by the watch)."""
@@ -530,6 +556,7 @@ def catch_up(record: RunRecord) -> None:
     if obj is None:
         finish_run(follower.journal, "STOPPED", f"the RayJob {record.run_id} is gone (deleted)")
         return
+    follower.queue(obj)
     status = obj.get("status") or {}
     deployment, job_id = status.get("jobDeploymentStatus"), status.get("jobId")
     if job_id and deployment not in NOT_STARTED and not any(item.submission_id == job_id for item in record.attempts):
