@@ -5,6 +5,9 @@ each run of this collector turns the store into series. A report names its job b
 (whatever the reporting process knows); the other is looked up in the Jobs API so every series
 carries both, and reports of one rank under either name become one series set.
 
+It also turns the RL runs' rollout servers the store holds into the target groups of /sd/rollout
+(rollout_sd.py), labelled with both ids.
+
 Jobs Ray says have ended, or does not know, are marked doubtful in the store (let go first when room
 is needed) and released once they have been quiet for progress.finished_grace_seconds. The series
 are made from a snapshot of the store in a worker thread: a full store is tens of thousands of
@@ -18,6 +21,7 @@ import asyncio
 from exporter.collectors.ray.dashboard import DashboardError, connect
 from exporter.collectors.ray.job_ids import JobDirectory
 from exporter.collectors.ray.localray import LocalRay
+from exporter.collectors.ray.rollout_sd import rollout_groups
 from exporter.config import ExporterConfig
 from exporter.framework.catalog import counter, gauge
 from exporter.framework.collector import AsyncCollector, register
@@ -165,8 +169,8 @@ RUN_TIME = gauge("raypulse_run_time_seconds", "Seconds of the run's wall time so
                  only_when="for a launcher run whose health watcher reports it")
 REJECTED = counter("raypulse_train_rejected_reports_total", "Progress requests refused, by reason: invalid (400), "
                    "unauthorized (401: no or a wrong token), too_large (413), unsupported_media_type (415), "
-                   "too_many_jobs, too_many_ranks, too_many_job_series (one job past progress.max_job_share) "
-                   "and too_many_series (429).", collector=NAME, labels=("reason",))
+                   "too_many_jobs, too_many_ranks, too_many_job_series (one job past progress.max_job_share), "
+                   "too_many_series and too_many_rollout_servers (429).", collector=NAME, labels=("reason",))
 SERIES = gauge("raypulse_train_series", "Series the progress store holds (bounded by progress.max_series).",
                collector=NAME)
 SERIES_LIMIT = gauge("raypulse_train_series_limit", "The most series the progress store holds (progress.max_series).",
@@ -192,7 +196,7 @@ class TrainCollector(AsyncCollector):
 
     async def collect(self, out: SampleSink) -> None:
         self.store.expire()
-        jobs = list(self.store.jobs)
+        jobs = self.store.job_keys()
         if jobs and (self.directory.due(jobs) or self.directory.older_than(STATUS_EVERY_SECONDS)):
             try:
                 async with connect(self.local) as api:
@@ -201,6 +205,10 @@ class TrainCollector(AsyncCollector):
                 pass  # labels stay as reported until Ray answers
         self._let_go_of_ended(jobs)
         view = self.store.view()
+        found = self.shared.service_discovery.get()
+        exporters = found.groups if found is not None else ()
+        self.shared.rollout_servers.publish(tuple(rollout_groups(view.rollouts, self.directory.resolve, exporters,
+                                                                 self.config.cluster or "")))
         await asyncio.to_thread(self._emit, out, view, bool(self.shared.progress_endpoint_up.get()))
 
     def _let_go_of_ended(self, jobs: list[JobKey]) -> None:
