@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -111,14 +112,18 @@ Seconds = Annotated[float, Field(ge=0, lt=_MAX_COUNT, allow_inf_nan=False)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
+_TARGET = re.compile(wire.TARGET_PATTERN)
+
+
 def _target(value: str) -> str:
+    if not _TARGET.fullmatch(value):
+        raise ValueError("a server is host:port (10.0.0.5:8000, [fd00::7]:8000), where it serves /metrics")
     if int(value.rpartition(":")[2]) > 65535:
         raise ValueError("the port is over 65535")
     return value
 
 
-Target = Annotated[str, StringConstraints(pattern=f"^{wire.TARGET_PATTERN}$", max_length=262),
-                   AfterValidator(_target)]
+Target = Annotated[str, StringConstraints(max_length=262), AfterValidator(_target)]
 
 
 # The models are built when the first report is parsed (defer_build): a node that is never sent a report
