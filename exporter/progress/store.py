@@ -66,7 +66,7 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, StringC
 from exporter.config import ProgressSettings
 from exporter.contract import strict, wire
 from exporter.contract.strict import Strict
-from exporter.progress.rollout_targets import RolloutTargets, TooManyTargets
+from exporter.progress.rollout_targets import JobKey, RolloutTargets, TooManyTargets
 
 FLOAT_FIELDS = ("loss", "grad_norm", "learning_rate")
 RL_NONFINITE_FIELDS = ("reward_mean", "kl", "entropy")  # NaN/Infinity accepted and counted, like the loss
@@ -376,9 +376,6 @@ class RunHealth:
                 setattr(self, name, getattr(report, name))
         if report.time_seconds is not None:
             self.time_seconds = dict(report.time_seconds)
-
-
-JobKey = tuple[str, str]  # (job_id, submission_id) as reported; either may be ""
 
 
 def job_series(ranks: Mapping[int, RankState]) -> int:

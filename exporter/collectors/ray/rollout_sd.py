@@ -19,8 +19,7 @@ from typing import Any
 
 from exporter.collectors.ray.metrics_agents import agent_groups
 from exporter.contract import wire
-
-JobKey = tuple[str, str]
+from exporter.progress.rollout_targets import JobKey
 
 
 def rollout_groups(rollouts: Mapping[JobKey, Mapping[str, str]], resolve: Callable[[str, str], JobKey],
