@@ -242,7 +242,7 @@ class Exporter:
     async def _rollout_sd(self, request: web.Request) -> web.Response:
         if self._head_view() is None:
             return self._not_head(wire.ROLLOUT_SD_PATH)
-        return web.Response(text=json.dumps(self.shared.rollout_servers.get() or []), content_type="application/json",
+        return web.Response(body=self.shared.rollout_servers.get() or b"[]", content_type="application/json",
                             headers={"Cache-Control": "no-store"})
 
     async def _digest(self, request: web.Request) -> web.Response:

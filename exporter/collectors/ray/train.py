@@ -17,6 +17,7 @@ series, never rendered on the event loop that serves /metrics and the progress e
 from __future__ import annotations
 
 import asyncio
+import json
 
 from exporter.collectors.ray.dashboard import DashboardError, connect
 from exporter.collectors.ray.job_ids import JobDirectory
@@ -205,11 +206,15 @@ class TrainCollector(AsyncCollector):
                 pass  # labels stay as reported until Ray answers
         self._let_go_of_ended(jobs)
         view = self.store.view()
-        found = self.shared.service_discovery.get()
-        exporters = found.groups if found is not None else ()
-        self.shared.rollout_servers.publish(tuple(rollout_groups(view.rollouts, self.directory.resolve, exporters,
-                                                                 self.config.cluster or "")))
         await asyncio.to_thread(self._emit, out, view, bool(self.shared.progress_endpoint_up.get()))
+        await asyncio.to_thread(self._serve_rollouts, view)
+
+    def _serve_rollouts(self, view: StoreView) -> None:
+        """/sd/rollout's answer, rendered once per run (4,096 servers are ~0.5 MB of JSON and ~25 ms of CPU)."""
+        found = self.shared.service_discovery.get()
+        groups = rollout_groups(view.rollouts, self.directory.resolve, found.groups if found is not None else (),
+                                self.config.cluster or "")
+        self.shared.rollout_servers.publish(json.dumps(groups).encode())
 
     def _let_go_of_ended(self, jobs: list[JobKey]) -> None:
         doubtful = frozenset(key for key in jobs if self.directory.standing(*key) != "running")
