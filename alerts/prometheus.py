@@ -3,7 +3,8 @@ one accessor each) and the one builder of a Prometheus configuration that scrape
 evaluates the rules. `launcher prometheus-config`, `make demo`, the drills and the tests all use it.
 
     config(sd_url="http://head:9477/sd")                 # every node's exporter via the head's /sd,
-                                                         # and Ray's metrics agents via /sd/ray (job "ray")
+                                                         # Ray's metrics agents via /sd/ray (job "ray"),
+                                                         # RL runs' rollout servers via /sd/rollout (job "rollout")
     config(targets=["10.0.0.5:9477"], labels={"cluster": "c1"}, alertmanager="127.0.0.1:9093")
 """
 
@@ -47,12 +48,14 @@ def config(*, sd_url: str | None = None, targets: Sequence[Target] = (), labels:
            scrape_interval: str = "15s", evaluation_interval: str | None = None,
            sd_refresh_interval: str | None = None, alertmanager: str | None = None,
            rules: Sequence[Path] | None = None, relabel_configs: Sequence[Mapping[str, Any]] = (),
-           alerts_config: Config = DEFAULT, ray_metrics: bool = True) -> dict[str, Any]:
+           alerts_config: Config = DEFAULT, ray_metrics: bool = True, rollout_metrics: bool = True) -> dict[str, Any]:
     """One scrape job (named as the alert rules select it) fed by a head exporter's /sd and/or fixed
     targets (each with `labels`, and labels of its own), the rule files (raypulse's by default;
     `rules=[]` for none), and Alertmanager when given. With /sd and `ray_metrics`, a second job,
     wire.RAY_METRICS_JOB, scrapes every Ray node's metrics agent the head lists at wire.RAY_SD_PATH
-    (what runs on the nodes reports there: vLLM's engines in an RL run)."""
+    (what runs on the nodes reports there: vLLM's engines in an RL run); with `rollout_metrics` a third,
+    wire.ROLLOUT_METRICS_JOB, scrapes the rollout servers RL runs reported, listed at wire.ROLLOUT_SD_PATH
+    (verl's vLLM/SGLang servers, their engine's own /metrics)."""
     job: dict[str, Any] = {"job_name": alerts_config.scrape_job}
     if sd_url:
         job["http_sd_configs"] = [{"url": sd_url, "refresh_interval": sd_refresh_interval or scrape_interval}]
@@ -66,10 +69,12 @@ def config(*, sd_url: str | None = None, targets: Sequence[Target] = (), labels:
     if relabel_configs:
         job["relabel_configs"] = [dict(item) for item in relabel_configs]
     jobs = [job]
-    if sd_url and ray_metrics:
-        ray_sd = sd_url.removesuffix(wire.SD_PATH) + wire.RAY_SD_PATH
-        jobs.append({"job_name": wire.RAY_METRICS_JOB,
-                     "http_sd_configs": [{"url": ray_sd, "refresh_interval": sd_refresh_interval or scrape_interval}]})
+    for wanted, name, path in ((ray_metrics, wire.RAY_METRICS_JOB, wire.RAY_SD_PATH),
+                               (rollout_metrics, wire.ROLLOUT_METRICS_JOB, wire.ROLLOUT_SD_PATH)):
+        if sd_url and wanted:
+            jobs.append({"job_name": name, "http_sd_configs": [{"url": sd_url.removesuffix(wire.SD_PATH) + path,
+                                                                "refresh_interval": sd_refresh_interval or
+                                                                scrape_interval}]})
     result: dict[str, Any] = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval or scrape_interval},
         "rule_files": [str(path) for path in (rule_files() if rules is None else rules)],

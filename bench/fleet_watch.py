@@ -204,7 +204,7 @@ def scraping(sd: str, nodes: int, directory: Path) -> Iterator[tuple[str, int]]:
     from launcher.promql import Prometheus
     from scripts.ports import free_port
 
-    document = config(sd_url=sd, scrape_interval=PROMETHEUS_SCRAPE, rules=[], ray_metrics=False)
+    document = config(sd_url=sd, scrape_interval=PROMETHEUS_SCRAPE, rules=[], ray_metrics=False, rollout_metrics=False)
     document["scrape_configs"][0]["params"] = {"name[]": list(digest.FAMILIES)}
     (directory / "prometheus.yml").write_text(render(document))
     port = free_port()

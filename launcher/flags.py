@@ -355,7 +355,8 @@ def spec_options(func: Callable) -> Callable:
         click.option("--simulate-gpus", is_flag=True, help="Local workers' exporters simulate their --worker-gpus."),
         click.option("--framework-metrics", is_flag=True, help="Report what TRL's and Hugging Face trainers and "
                      "verl's trainer log in the job's Ray workers (steps, loss, rewards, KL, response lengths, "
-                     "phases) with no change to the code: Ray's worker_process_setup_hook (docs/progress.md)."),
+                     "phases), and where verl's vLLM/SGLang rollout servers are (the head exporter's /sd/rollout), "
+                     "with no change to the code: Ray's worker_process_setup_hook (docs/progress.md)."),
         click.option("--exporter-port", type=int,
                      help=f"Head exporter port; local node i uses +2i [{default('exporter_port')}]."),
         click.option("--progress-port", type=int,

@@ -254,8 +254,8 @@ class JobSpec(_Strict):
     simulate_gpus: bool = Field(False, description="local workers' exporters simulate their GPUs")
     framework_metrics: bool = Field(False, description=(
         "report what TRL's and Hugging Face trainers and verl's trainer log in the job's Ray workers as training "
-        "steps and RL iterations, with no change to the code (Ray's worker_process_setup_hook, "
-        "exporter/progress/hooks.py)"))
+        "steps and RL iterations, and where verl's rollout servers are (the head exporter's /sd/rollout), with no "
+        "change to the code (Ray's worker_process_setup_hook, exporter/progress/hooks.py)"))
     exporter_port: int = Field(wire.EXPORTER_PORT, ge=1024, le=65000,
                                description="head exporter port; local node i: +2i")
     progress_port: int = Field(wire.PROGRESS_PORT, ge=1024, le=65000,

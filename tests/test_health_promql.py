@@ -37,7 +37,7 @@ def scraped(start_prometheus) -> Iterator[tuple[Fleet, str]]:
     with Fleet(NODES) as fleet:
         fleet.relist({"head": fleet.head.address})
         prometheus = start_prometheus(render(config(sd_url=fleet.head.url + wire.SD_PATH, scrape_interval="1s",
-                                                    rules=[], ray_metrics=False)))
+                                                    rules=[], ray_metrics=False, rollout_metrics=False)))
         yield fleet, prometheus.url
 
 

@@ -424,7 +424,7 @@ def test_deploy_with_a_web_config_serves_tls_and_basic_auth_everywhere(deploymen
                                      "--basic-auth-user", "prometheus", "--basic-auth-password-file",
                                      str(tmp_path / "password"))
         assert config.returncode == 0, config.stderr
-        job, ray_job = yaml.safe_load(config.stdout)["scrape_configs"]
+        job, ray_job, rollout_job = yaml.safe_load(config.stdout)["scrape_configs"]
         assert job["scheme"] == "https"
         assert job["http_sd_configs"][0]["url"].startswith("https://")
         assert job["basic_auth"] == {"username": "prometheus", "password_file": str(tmp_path / "password")}
@@ -434,6 +434,12 @@ def test_deploy_with_a_web_config_serves_tls_and_basic_auth_everywhere(deploymen
         assert "scheme" not in ray_job
         assert ray_job["http_sd_configs"][0]["url"] == job["http_sd_configs"][0]["url"] + "/ray"
         assert ray_job["http_sd_configs"][0]["basic_auth"] == job["basic_auth"]
+        # The rollout servers alike (vLLM's own HTTP server): the read of /sd/rollout only.
+        assert rollout_job["job_name"] == wire.ROLLOUT_METRICS_JOB
+        assert "basic_auth" not in rollout_job
+        assert "scheme" not in rollout_job
+        assert rollout_job["http_sd_configs"][0]["url"] == job["http_sd_configs"][0]["url"] + "/rollout"
+        assert rollout_job["http_sd_configs"][0]["basic_auth"] == job["basic_auth"]
         # Each node's private directory: the web config and the log, this user's only.
         for directory in Path(tempfile.gettempdir()).glob("raypulse-exporter-*-*-*"):
             port = directory.name.split("-")[3]

@@ -41,8 +41,9 @@ AGENT = "launcher.deploy.raypulse_agent"
 USERINPUT = "exporter.userinput"  # every module may import it, so it imports none of ours
 CONTRACT = "exporter.contract"  # its __init__ imports nothing: `from exporter.contract import wire` loads wire only
 WIRE = "exporter.contract.wire"
-# Run in the training processes: the client's Ray Train helper and the RLlib callback may import ray.
-TRAINING_CLIENT = ("exporter.progress.client", "exporter.progress.rllib")
+# Run in the training processes: the client's Ray Train helper, the RLlib callback and the task that tells the
+# head about the rollout servers may import ray.
+TRAINING_CLIENT = ("exporter.progress.client", "exporter.progress.rllib", "exporter.progress.rollout")
 
 
 def module_name(path: Path) -> str:

@@ -74,11 +74,11 @@ def third_party_imports(package: str) -> Iterator[tuple[str, str]]:
                     yield top, str(path.relative_to(REPO))
 
 
-# Imports of the framework a module serves, made only where that framework runs: the Ray Train helper and
-# the RLlib callback in Ray's workers, TRL's callback where transformers trains (exporter/progress/hooks.py
-# imports it only once transformers is imported).
+# Imports of the framework a module serves, made only where that framework runs: the Ray Train helper, the
+# RLlib callback and the task verl's rollout servers are told to the head by in Ray's workers, TRL's callback
+# where transformers trains (exporter/progress/hooks.py imports it only once transformers is imported).
 FRAMEWORK_IMPORTS = {("ray", "exporter/progress/client.py"), ("ray", "exporter/progress/rllib.py"),
-                     ("transformers", "exporter/progress/trl.py")}
+                     ("ray", "exporter/progress/rollout.py"), ("transformers", "exporter/progress/trl.py")}
 
 
 @pytest.mark.parametrize(("package", "extras"), [

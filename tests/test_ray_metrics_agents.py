@@ -135,9 +135,14 @@ async def test_the_head_collector_lists_what_rays_file_says_each_run(tmp_path: P
 
 def test_the_prometheus_config_scrapes_the_agents_as_job_ray():
     document = prometheus.config(sd_url="https://head:9477/sd", rules=[])
-    ours, ray = document["scrape_configs"]
+    ours, ray, rollout = document["scrape_configs"]
     assert ray == {"job_name": wire.RAY_METRICS_JOB,
                    "http_sd_configs": [{"url": "https://head:9477/sd/ray", "refresh_interval": "15s"}]}
+    assert rollout == {"job_name": wire.ROLLOUT_METRICS_JOB,
+                       "http_sd_configs": [{"url": "https://head:9477/sd/rollout", "refresh_interval": "15s"}]}
     assert ours["http_sd_configs"][0]["url"] == "https://head:9477/sd"
-    assert len(prometheus.config(sd_url="http://head:9477/sd", ray_metrics=False)["scrape_configs"]) == 1
+    assert [job["job_name"] for job in prometheus.config(sd_url="http://head:9477/sd", ray_metrics=False,
+                                                         rules=[])["scrape_configs"]] == ["raypulse", "rollout"]
+    assert len(prometheus.config(sd_url="http://head:9477/sd", ray_metrics=False, rollout_metrics=False)
+               ["scrape_configs"]) == 1
     assert len(prometheus.config(targets=["10.0.0.4:9477"])["scrape_configs"]) == 1  # no head: no /sd/ray

@@ -6,6 +6,8 @@ training: the training board's alert timeline shows them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dashboards.boards.common import RATE, UID_RL, rate, to_training
 from dashboards.model import Board, Panel, Row, Target
 from dashboards.selectors import Scope
@@ -137,40 +139,56 @@ WEIGHT_SYNC = Row("Weight sync", collapsed=False, panels=(
         "object store, a file system) rather than a big model.", width=8, min=0),
 ))
 
-# vLLM's engines inside Ray, per model (exporter/contract/vllm.py): no run label, so per cluster.
+# vLLM's engines, per model, in both forms they reach Prometheus (exporter/contract/vllm.py): their own /metrics
+# (verl's rollout servers, at /sd/rollout: the run's labels) or through Ray's metrics agents (/sd/ray: no run
+# label). One query per panel: each form summed by the labels both have, joined with `or`.
 ENGINE = "{{model_name}}"
 PER_MODEL = "cluster, model_name"
 
 
-def _vllm(name: str, suffix: str = "") -> str:
-    return S(vllm.through_ray(name, suffix))
+def _either(name: str, suffix: str, aggregate: Callable[[str], str]) -> str:
+    """`aggregate` of Ray's form `or` of vLLM's own; its own is narrowed to the run ($submission)."""
+    return f"{aggregate(S(vllm.through_ray(name, suffix)))} or {aggregate(S(vllm.native(name, suffix)))}"
+
+
+def _summed(name: str, suffix: str = "", how: str = "sum") -> str:
+    return _either(name, suffix, lambda series: f"{how} by ({PER_MODEL}) ({series})")
+
+
+def _rate(name: str) -> str:
+    return _either(name, "_total", lambda series: f"sum by ({PER_MODEL}) ({rate(series)})")
+
+
+def _quantile(q: float, name: str) -> str:
+    return (f"histogram_quantile({q}, "
+            f"{_either(name, '_bucket', lambda series: f'sum by ({PER_MODEL}, le) ({rate(series)})')})")
 
 
 ENGINES = Row("Rollout engines (vLLM)", collapsed=False, panels=(
     Panel("Requests running and waiting", "short", (
-        Target(f"sum by ({PER_MODEL}) ({_vllm(vllm.REQUESTS_RUNNING)})", ENGINE + " running"),
-        Target(f"sum by ({PER_MODEL}) ({_vllm(vllm.REQUESTS_WAITING)})", ENGINE + " waiting")),
+        Target(_summed(vllm.REQUESTS_RUNNING), ENGINE + " running"),
+        Target(_summed(vllm.REQUESTS_WAITING), ENGINE + " waiting")),
         "Requests in the vLLM engines' running batches and waiting for one, summed over the engines of each "
-        "model: waiting requests with the batch full are generation short of engines or KV cache. vLLM inside "
-        "Ray reports through Ray's metrics agents, which the head exporter lists at /sd/ray.", width=8, min=0),
+        "model: waiting requests with the batch full are generation short of engines or KV cache. Read from the "
+        "rollout servers' own /metrics (verl's, which the head exporter lists at /sd/rollout with the run's "
+        "labels under --framework-metrics), or from vLLM inside Ray through Ray's metrics agents (/sd/ray).",
+        width=8, min=0),
     Panel("KV-cache usage", "percentunit", (
-        Target(f"max by ({PER_MODEL}) ({_vllm(vllm.KV_CACHE_USAGE)})", ENGINE + " fullest engine"),
-        Target(f"avg by ({PER_MODEL}) ({_vllm(vllm.KV_CACHE_USAGE)})", ENGINE + " mean")),
+        Target(_summed(vllm.KV_CACHE_USAGE, how="max"), ENGINE + " fullest engine"),
+        Target(_summed(vllm.KV_CACHE_USAGE, how="avg"), ENGINE + " mean")),
         "Share of the KV cache in use, the fullest engine and the mean: near 100% the engines preempt requests "
         "and recompute them.", width=8, min=0, max=1, thresholds=((None, "green"), (0.9, "orange"))),
     Panel("Preemptions per second", "short", (
-        Target(f"sum by ({PER_MODEL}) ({rate(_vllm(vllm.PREEMPTIONS, '_total'))})", ENGINE),),
+        Target(_rate(vllm.PREEMPTIONS), ENGINE),),
         "Requests the engines preempted for KV-cache room: their work is redone, the rollouts slow down.",
         width=8, min=0),
     Panel("Engine generation tokens per second", "short", (
-        Target(f"sum by ({PER_MODEL}) ({rate(_vllm(vllm.GENERATION_TOKENS, '_total'))})", ENGINE),),
+        Target(_rate(vllm.GENERATION_TOKENS), ENGINE),),
         "Tokens the vLLM engines generate per second, as they count them (the loop's own count is "
         "\"Generated tokens per second\" above).", width=12, min=0),
     Panel("Time to first token", "s", (
-        Target(f"histogram_quantile(0.9, sum by ({PER_MODEL}, le) "
-               f"({rate(_vllm(vllm.TIME_TO_FIRST_TOKEN, '_bucket'))}))", ENGINE + " p90"),
-        Target(f"histogram_quantile(0.5, sum by ({PER_MODEL}, le) "
-               f"({rate(_vllm(vllm.TIME_TO_FIRST_TOKEN, '_bucket'))}))", ENGINE + " p50")),
+        Target(_quantile(0.9, vllm.TIME_TO_FIRST_TOKEN), ENGINE + " p90"),
+        Target(_quantile(0.5, vllm.TIME_TO_FIRST_TOKEN), ENGINE + " p50")),
         "Seconds from a request's arrival to its first generated token: queueing and prefill.",
         width=12, min=0),
 ))
@@ -180,7 +198,7 @@ BOARD = Board(
     description="RL iterations as phases (generate, reward, train, weight sync), generators vs trainers, the "
                 "vLLM rollout engines, rewards, KL, entropy, response lengths and truncation and weight-sync time, "
                 "from what the loop reports through progress.phase and progress.report_iteration and what vLLM "
-                "reports through Ray.",
+                "serves (its rollout servers' own /metrics, or through Ray).",
     variables=("cluster", "submission"), tags=("training", "rl"),
     rows=(ITERATIONS, PHASES, ROLES, ENGINES, POLICY, RESPONSES, WEIGHT_SYNC),
 )

@@ -31,6 +31,17 @@ SD_PATH = "/sd"  # Prometheus HTTP service discovery, on the head's exporter
 RAY_SD_PATH = "/sd/ray"
 RAY_METRICS_JOB = "ray"  # the job Ray's own file discovery and KubeRay's PodMonitor give these targets
 RAY_SD_FILE = "prom_metrics_service_discovery.json"  # Ray's file discovery, in its session directory
+# ...and of an RL run's rollout servers (verl's vLLM/SGLang HTTP servers serve their engine's own /metrics), which
+# the job reports to the head's progress endpoint (reports of kind "rollout"), scraped as job ROLLOUT_METRICS_JOB
+ROLLOUT_SD_PATH = "/sd/rollout"
+ROLLOUT_METRICS_JOB = "rollout"  # the job verl's own Prometheus config gives them (verl/workers/rollout/utils.py)
+# Their target label naming the engine (vllm, sglang): not `engine`, which vLLM's own series carry (its engine index)
+ROLLOUT_LABEL = "rollout"
+ROLLOUT_MAX_SERVERS_PER_REPORT = 512  # a report's list of servers; the client sends more in several
+ROLLOUT_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"  # an engine's name as the framework spells it: vllm, sglang
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # Ray's resource of the head node: a task that asks for it runs there
+# A scrape target: host:port, an IPv6 host in brackets (as Ray's file discovery and verl write them)
+TARGET_PATTERN = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}"
 METRICS_PATH = "/metrics"
 HEALTH_PATH = "/healthz"
 # A node's health digest (exporter/contract/digest.py), and on the head every node's in one document:

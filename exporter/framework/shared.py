@@ -10,6 +10,8 @@ Slots, who writes them and who reads them:
 - progress: what training code reported; the exporter's progress endpoint writes it -> train
 - progress_endpoint_up: whether that endpoint listens -> train
 - service_discovery: the ray_head collector's view of every node's exporter -> the exporter's /sd
+- rollout_servers: the train collector's target groups of the RL runs' rollout servers, as the JSON /sd/rollout
+  serves -> the exporter's /sd/rollout
 
 Values are immutable and replaced whole, so any thread may read a slot without a lock.
 """
@@ -110,6 +112,7 @@ class Shared:
     gpu_owners: Slot[GpuOwners] = field(default_factory=Slot)
     progress_endpoint_up: Slot[bool] = field(default_factory=Slot)
     service_discovery: Slot[ServiceDiscovery] = field(default_factory=Slot)
+    rollout_servers: Slot[bytes] = field(default_factory=Slot)  # wire.ROLLOUT_SD_PATH's body
 
     @classmethod
     def for_config(cls, config: ExporterConfig) -> Shared:

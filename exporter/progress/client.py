@@ -56,7 +56,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ from urllib.parse import urlsplit
 from exporter.contract import wire
 
 __all__ = ["checkpoint", "checkpoint_dir", "checkpoint_saved", "flush", "phase", "ray_train_report", "report",
-           "report_iteration", "resume_from", "stats"]
+           "report_iteration", "resume_from", "rollout_servers", "stats"]
 
 ENV_URL = wire.ENV_PROGRESS_URL
 DEFAULT_URL = f"http://127.0.0.1:{wire.PROGRESS_PORT}"
@@ -608,6 +608,23 @@ def report_iteration(iteration: int, *, phases: Mapping[str, float] | None = Non
                 "weight_sync_seconds": _finite(weight_sync_seconds, high=_MAX_SECONDS),
                 "weight_sync_bytes": _finite(weight_sync_bytes)}
             _submit("rl", rank, {key: value for key, value in fields.items() if value is not None})
+    except Exception:  # noqa: BLE001
+        _count_internal_drop()
+
+
+_TARGET = re.compile(wire.TARGET_PATTERN)
+
+
+def rollout_servers(rollout: str, servers: Iterable[str]) -> None:
+    """Tell the exporter where an RL run's rollout servers serve their engine's own /metrics: `servers` as
+    host:port, `rollout` the engine (vllm, sglang). The head's exporter lists them at /sd/rollout with the job's
+    labels, so this is sent to the head node's exporter (`launcher submit --framework-metrics` does it for verl:
+    exporter/progress/rollout.py). A server that is not host:port is left out. Never raises, never blocks."""
+    try:
+        listed = list(dict.fromkeys(str(server) for server in servers if _TARGET.fullmatch(str(server))))
+        for start in range(0, len(listed), wire.ROLLOUT_MAX_SERVERS_PER_REPORT):
+            _submit("rollout", 0, {"rollout": str(rollout),
+                                   "servers": listed[start:start + wire.ROLLOUT_MAX_SERVERS_PER_REPORT]})
     except Exception:  # noqa: BLE001
         _count_internal_drop()
 

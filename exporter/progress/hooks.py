@@ -5,7 +5,8 @@ ray/_private/workers/default_worker.py; not in the driver: there, one line attac
 
 - transformers: every `Trainer` the process builds (TRL's trainers among them, under Ray Train or in
   any actor) gets a `RaypulseCallback` (exporter/progress/trl.py);
-- verl: every `Tracking.log` of its trainer is also reported (exporter/progress/verl.py);
+- verl: every `Tracking.log` of its trainer is also reported (exporter/progress/verl.py), and the rollout servers
+  its `LLMServerManager` starts are told to the head's exporter for /sd/rollout (exporter/progress/rollout.py);
 - OpenRLHF: every `BasePPOTrainer.save_logs_and_checkpoints` of its PPO trainer (exporter/progress/openrlhf.py).
 
 A process that never imports them pays nothing: a module is patched when it is imported (an import
@@ -18,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
+import inspect
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -25,6 +27,7 @@ from typing import Any
 
 TRAINER_MODULE = "transformers.trainer"
 TRACKING_MODULE = "verl.utils.tracking"
+LLM_SERVER_MODULE = "verl.workers.rollout.llm_server"
 OPENRLHF_MODULE = "openrlhf.trainer.ppo_trainer"
 _PATCHED = "_raypulse"  # set on a wrapped function: never wrapped twice
 
@@ -43,16 +46,23 @@ def setup() -> None:
 
 
 def _wrap(owner: type, name: str, after: Callable[..., None]) -> None:
-    """owner.name runs as before, then `after(self, *args, **kwargs)`."""
+    """owner.name runs as before, then `after(self, *args, **kwargs)` (once awaited, for a coroutine method)."""
     original = getattr(owner, name)
     if getattr(original, _PATCHED, False):
         return
 
-    @functools.wraps(original)
-    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        after(self, *args, **kwargs)
-        return result
+    if inspect.iscoroutinefunction(original):
+        @functools.wraps(original)
+        async def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = await original(self, *args, **kwargs)
+            after(self, *args, **kwargs)
+            return result
+    else:
+        @functools.wraps(original)
+        def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, *args, **kwargs)
+            after(self, *args, **kwargs)
+            return result
 
     setattr(wrapped, _PATCHED, True)
     setattr(owner, name, wrapped)
@@ -83,6 +93,19 @@ def _patch_verl(module: ModuleType) -> None:
         return
 
 
+def _patch_verl_rollout(module: ModuleType) -> None:
+    try:
+        from exporter.progress import rollout
+
+        def report(manager: Any, *args: Any, **kwargs: Any) -> None:
+            # verl sets both in the method: its rollout config's `name` (vllm, sglang) and one host:port a replica
+            rollout.report_servers(manager.rollout_config.name, manager.server_addresses)
+
+        _wrap(module.LLMServerManager, "_initialize_llm_servers", report)
+    except Exception:  # noqa: BLE001
+        return
+
+
 def _patch_openrlhf(module: ModuleType) -> None:
     try:
         from exporter.progress.openrlhf import report_step
@@ -97,6 +120,7 @@ def _patch_openrlhf(module: ModuleType) -> None:
 
 PATCHES: dict[str, Callable[[ModuleType], None]] = {TRAINER_MODULE: _patch_transformers,
                                                     TRACKING_MODULE: _patch_verl,
+                                                    LLM_SERVER_MODULE: _patch_verl_rollout,
                                                     OPENRLHF_MODULE: _patch_openrlhf}
 
 

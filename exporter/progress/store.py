@@ -28,7 +28,11 @@ The launcher's health watcher also
 reports how its run heals, with kind "run": {"kind": "run", "run_id": "...", "time": ..., "fault":
 "hang", "detect_seconds": 31.5, "recover_seconds": 52.0, "steps_lost": 3} for a recovery, and
 {"kind": "run", "run_id": "...", "time": ..., "effective_training_ratio": 0.93, "hang_threshold_seconds": 60.0}
-as the run goes.
+as the run goes. An RL run tells the head exporter where its rollout servers serve their engine's own
+/metrics (exporter/progress/rollout.py), for its wire.ROLLOUT_SD_PATH (held in rollout_targets.py):
+
+    {"kind": "rollout", "job_id": ..., "submission_id": ..., "time": ..., "rollout": "vllm",
+     "servers": ["10.0.0.5:40123", "[fd00::7]:40125"]}
 
 A report names its job by its submission id or, without one, by its Ray job id: a job id beside a
 submission id is dropped (the token proves the submission only; Ray says which job it is). Every
@@ -50,17 +54,19 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
 from exporter.config import ProgressSettings
 from exporter.contract import strict, wire
 from exporter.contract.strict import Strict
+from exporter.progress.rollout_targets import JobKey, RolloutTargets, TooManyTargets
 
 FLOAT_FIELDS = ("loss", "grad_norm", "learning_rate")
 RL_NONFINITE_FIELDS = ("reward_mean", "kl", "entropy")  # NaN/Infinity accepted and counted, like the loss
@@ -68,8 +74,9 @@ RL_VALUE_FIELDS = (*RL_NONFINITE_FIELDS, "reward_std", "response_length_mean", "
                    "response_length_limit", "truncated_ratio", "weight_sync_seconds", "weight_sync_bytes")
 RL_FIELDS = ("iteration", "iterations_total", "phases", "rollouts_total", "generated_tokens_total", "rewards",
              *RL_VALUE_FIELDS)
+ROLLOUT_FIELDS = ("rollout", "servers")
 REJECT_REASONS = ("invalid", "unauthorized", "too_large", "unsupported_media_type", "too_many_jobs",
-                  "too_many_ranks", "too_many_job_series", "too_many_series")
+                  "too_many_ranks", "too_many_job_series", "too_many_series", "too_many_rollout_servers")
 # Series each holds in /metrics (exporter/collectors/ray/train.py): a rank's 15 gauges and counters and
 # its 3 non-finite counts; a job's rank count; a run's 5 gauges and a recovery count per fault class.
 SERIES_PER_RANK = 18
@@ -105,6 +112,20 @@ Seconds = Annotated[float, Field(ge=0, lt=_MAX_COUNT, allow_inf_nan=False)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
+_TARGET = re.compile(wire.TARGET_PATTERN)
+
+
+def _target(value: str) -> str:
+    if not _TARGET.fullmatch(value):
+        raise ValueError("a server is host:port (10.0.0.5:8000, [fd00::7]:8000), where it serves /metrics")
+    if int(value.rpartition(":")[2]) > 65535:
+        raise ValueError("the port is over 65535")
+    return value
+
+
+Target = Annotated[str, StringConstraints(max_length=262), AfterValidator(_target)]
+
+
 # The models are built when the first report is parsed (defer_build): a node that is never sent a report
 # does not hold their validators and compiled patterns (0.77 MB of Python objects; measured 0.2 MB of RSS).
 class Phase(Strict):
@@ -120,7 +141,7 @@ class Phase(Strict):
 class Report(Strict):
     model_config = ConfigDict(frozen=True, defer_build=True)
 
-    kind: Literal["progress", "checkpoint", "run", "rl"]
+    kind: Literal["progress", "checkpoint", "run", "rl", "rollout"]
     job_id: str | None = Field(None, pattern=r"^[0-9a-f]{2,64}$", description="Ray job id (hex)")
     submission_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
     rank: int = Field(0, ge=0, le=1_000_000, strict=True)
@@ -161,6 +182,9 @@ class Report(Strict):
     truncated_ratio: Finite | None = Field(None, ge=0, le=1)
     weight_sync_seconds: Seconds | None = None
     weight_sync_bytes: Finite | None = Field(None, ge=0)
+    # kind "rollout" only: an RL run's rollout servers (host:port, serving their engine's /metrics) and the engine
+    rollout: str | None = Field(None, pattern=wire.ROLLOUT_NAME_PATTERN)
+    servers: list[Target] | None = Field(None, min_length=1, max_length=wire.ROLLOUT_MAX_SERVERS_PER_REPORT)
 
 
 class Batch(Strict):
@@ -190,10 +214,14 @@ def parse_batch(data: Any) -> list[Report]:
         if report.kind != "run" and report.job_id is None and report.submission_id is None:
             raise Rejected(400, "invalid", f"reports[{index}]: job_id or submission_id is required (who is "
                            "training?)")
-        if report.kind != "rl":
-            stray = next((name for name in RL_FIELDS if getattr(report, name) is not None), None)
-            if stray is not None:
-                raise Rejected(400, "invalid", f"reports[{index}].{stray}: only in reports of kind rl")
+        for kind, fields in (("rl", RL_FIELDS), ("rollout", ROLLOUT_FIELDS)):
+            stray = next((name for name in fields if getattr(report, name) is not None), None)
+            if report.kind != kind and stray is not None:
+                raise Rejected(400, "invalid", f"reports[{index}].{stray}: only in reports of kind {kind}")
+        missing = next((name for name in ROLLOUT_FIELDS if getattr(report, name) is None), None)
+        if report.kind == "rollout" and missing is not None:
+            raise Rejected(400, "invalid", f"reports[{index}].{missing}: required for kind rollout (the engine, "
+                           "e.g. vllm, and its servers as host:port)")
         if abs(report.time - now) > _CLOCK_SKEW_SECONDS:
             raise Rejected(400, "invalid", f"reports[{index}].time: {report.time} is more than "
                            f"{_CLOCK_SKEW_SECONDS:g}s away from the exporter's clock ({now:.0f})")
@@ -350,9 +378,6 @@ class RunHealth:
             self.time_seconds = dict(report.time_seconds)
 
 
-JobKey = tuple[str, str]  # (job_id, submission_id) as reported; either may be ""
-
-
 def job_series(ranks: Mapping[int, RankState]) -> int:
     """Series one job holds: its own and its ranks'."""
     return SERIES_PER_JOB + sum(state.series for state in ranks.values())
@@ -372,6 +397,7 @@ class StoreView:
     series: int
     rejected: Mapping[str, int]
     refused_series: int
+    rollouts: Mapping[JobKey, Mapping[str, str]] = field(default_factory=dict)  # server -> engine, by job
 
 
 class ProgressStore:
@@ -386,14 +412,20 @@ class ProgressStore:
         self.rejected: Counter[str] = Counter()
         self.refused_series = 0  # series that refused reports would have added
         self.doubtful: frozenset[JobKey] = frozenset()  # jobs Ray says ended or does not know (train sets it)
+        self.rollouts = RolloutTargets()  # RL runs' rollout servers, for the head's /sd/rollout
 
     @property
     def series(self) -> int:
         return sum(map(job_series, self.jobs.values())) + SERIES_PER_RUN * len(self.runs)
 
+    def job_keys(self) -> list[JobKey]:
+        """Every job the store holds something of: progress, or rollout servers."""
+        return list(dict.fromkeys([*self.jobs, *self.rollouts.jobs]))
+
     def view(self) -> StoreView:
         return StoreView(jobs={key: dict(ranks) for key, ranks in self.jobs.items()}, runs=dict(self.runs),
-                         series=self.series, rejected=dict(self.rejected), refused_series=self.refused_series)
+                         series=self.series, rejected=dict(self.rejected), refused_series=self.refused_series,
+                         rollouts=dict(self.rollouts.jobs))
 
     def reject(self, rejected: Rejected) -> Rejected:
         self.rejected[rejected.reason] += 1
@@ -403,7 +435,12 @@ class ProgressStore:
         """Apply a validated batch, or raise Rejected (429) if it would exceed a bound."""
         self.expire()
         runs = [report for report in reports if report.kind == "run"]
-        reports = [report for report in reports if report.kind != "run"]
+        rollouts = [report for report in reports if report.kind == "rollout"]
+        try:
+            servers = self.rollouts.plan(rollouts)
+        except TooManyTargets as exc:
+            raise self.reject(Rejected(429, "too_many_rollout_servers", str(exc))) from None
+        reports = [report for report in reports if report.kind not in ("run", "rollout")]
         new_runs = {report.run_id for report in runs} - set(self.runs)
         new_jobs: set[JobKey] = set()
         new_ranks: Counter[JobKey] = Counter()
@@ -447,6 +484,7 @@ class ProgressStore:
                                f"{self.settings.max_series} series (progress.max_series) and has "
                                f"{self.series}; this batch needs {added} more"))
         now = self._clock()
+        self.rollouts.commit(servers, self.doubtful, now)
         for report in runs:
             run_id = report.run_id or ""
             self.runs[run_id] = self.runs.get(run_id, RunHealth()).applied(report)
@@ -456,7 +494,7 @@ class ProgressStore:
             state = ranks.get(report.rank, RankState()).applied(report)
             state.touched = now
             ranks[report.rank] = state
-        self.accepted += len(reports) + len(runs)
+        self.accepted += len(reports) + len(runs) + len(rollouts)
 
     def _rl_growth(self, reports: list[Report]) -> Counter[JobKey]:
         """RL series the batch adds per job: per rank, what it holds after the batch (each report's phases
@@ -495,10 +533,13 @@ class ProgressStore:
             del self.jobs[key]
 
     def _last_report(self, key: JobKey) -> float:
-        return max((state.touched for state in self.jobs[key].values()), default=0.0)
+        return max((*(state.touched for state in self.jobs.get(key, {}).values()),
+                    self.rollouts.last_report(key) or 0.0), default=0.0)
 
     def release(self, keys: Iterable[JobKey]) -> None:
         """Let these jobs go now (Ray says they ended, or does not know them, and they went quiet)."""
+        keys = list(keys)
+        self.rollouts.release(keys)
         for key in keys:
             self.jobs.pop(key, None)
 

@@ -7,6 +7,8 @@
     /          a landing page
     /sd        on the Ray head: Prometheus HTTP service discovery of every node's exporter (and
                node_exporter, when node_exporter.discover says so)
+    /sd/ray    on the Ray head: every Ray node's metrics agent (what reports through ray.util.metrics)
+    /sd/rollout  on the Ray head: the rollout servers RL runs reported (their engine's own /metrics)
     /health/digest  this node's health digest (exporter/serving/digest.py), ETag and 304 as /metrics
     /health/fleet   on the Ray head: every node's digest, gathered by the head (exporter/serving/fleet.py)
 
@@ -125,6 +127,7 @@ class Exporter:
         app.router.add_get("/", self._index)
         app.router.add_get(wire.SD_PATH, self._sd)
         app.router.add_get(wire.RAY_SD_PATH, self._ray_sd)
+        app.router.add_get(wire.ROLLOUT_SD_PATH, self._rollout_sd)
         app.router.add_get(wire.DIGEST_PATH, self._digest)
         app.router.add_get(wire.FLEET_PATH, self._fleet)
         return app
@@ -234,6 +237,12 @@ class Exporter:
         if found is None:
             return self._not_head(wire.RAY_SD_PATH)
         return web.Response(text=json.dumps(found.metrics_agents), content_type="application/json",
+                            headers={"Cache-Control": "no-store"})
+
+    async def _rollout_sd(self, request: web.Request) -> web.Response:
+        if self._head_view() is None:
+            return self._not_head(wire.ROLLOUT_SD_PATH)
+        return web.Response(body=self.shared.rollout_servers.get() or b"[]", content_type="application/json",
                             headers={"Cache-Control": "no-store"})
 
     async def _digest(self, request: web.Request) -> web.Response:

@@ -241,7 +241,8 @@ def prometheus_config(address: str, token_path: Path | None, scrape_interval: st
     document = prometheus.config(sd_url=head["exporter_url"] + wire.SD_PATH, scrape_interval=scrape_interval,
                                  sd_refresh_interval=sd_refresh_interval, alertmanager=alertmanager)
     # The same TLS and credentials for /sd and for every node's /metrics (one web config on all nodes);
-    # Ray's metrics agents serve plain HTTP and are sent no credentials (only their /sd/ray read is).
+    # Ray's metrics agents and the rollout servers serve plain HTTP and are sent no credentials (only the read
+    # of /sd/ray and /sd/rollout is).
     client_settings: dict[str, object] = {}
     if head["exporter_url"].startswith("https:"):
         client_settings["tls_config"] = {"ca_file": ca_file} if ca_file else {}
@@ -249,7 +250,7 @@ def prometheus_config(address: str, token_path: Path | None, scrape_interval: st
         client_settings["basic_auth"] = {"username": basic_auth_user, "password_file": basic_auth_password_file}
     if client_settings:
         for job in document["scrape_configs"]:
-            if job["job_name"] != wire.RAY_METRICS_JOB:
+            if job["job_name"] not in (wire.RAY_METRICS_JOB, wire.ROLLOUT_METRICS_JOB):
                 job.update(client_settings, scheme="https" if "tls_config" in client_settings else "http")
             for sd in job.get("http_sd_configs", []):
                 sd.update(client_settings)

@@ -23,7 +23,7 @@ from exporter.contract import wire
 
 # ~25 bytes a node: 10,000 nodes are 250 KB; a file past this is not Ray's.
 MAX_BYTES = 4 << 20
-_TARGET = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}")
+_TARGET = re.compile(wire.TARGET_PATTERN)
 
 
 class UnreadableFile(Exception):

@@ -5,6 +5,9 @@ each run of this collector turns the store into series. A report names its job b
 (whatever the reporting process knows); the other is looked up in the Jobs API so every series
 carries both, and reports of one rank under either name become one series set.
 
+It also turns the RL runs' rollout servers the store holds into the target groups of /sd/rollout
+(rollout_sd.py), labelled with both ids.
+
 Jobs Ray says have ended, or does not know, are marked doubtful in the store (let go first when room
 is needed) and released once they have been quiet for progress.finished_grace_seconds. The series
 are made from a snapshot of the store in a worker thread: a full store is tens of thousands of
@@ -14,10 +17,12 @@ series, never rendered on the event loop that serves /metrics and the progress e
 from __future__ import annotations
 
 import asyncio
+import json
 
 from exporter.collectors.ray.dashboard import DashboardError, connect
 from exporter.collectors.ray.job_ids import JobDirectory
 from exporter.collectors.ray.localray import LocalRay
+from exporter.collectors.ray.rollout_sd import rollout_groups
 from exporter.config import ExporterConfig
 from exporter.framework.catalog import counter, gauge
 from exporter.framework.collector import AsyncCollector, register
@@ -165,8 +170,8 @@ RUN_TIME = gauge("raypulse_run_time_seconds", "Seconds of the run's wall time so
                  only_when="for a launcher run whose health watcher reports it")
 REJECTED = counter("raypulse_train_rejected_reports_total", "Progress requests refused, by reason: invalid (400), "
                    "unauthorized (401: no or a wrong token), too_large (413), unsupported_media_type (415), "
-                   "too_many_jobs, too_many_ranks, too_many_job_series (one job past progress.max_job_share) "
-                   "and too_many_series (429).", collector=NAME, labels=("reason",))
+                   "too_many_jobs, too_many_ranks, too_many_job_series (one job past progress.max_job_share), "
+                   "too_many_series and too_many_rollout_servers (429).", collector=NAME, labels=("reason",))
 SERIES = gauge("raypulse_train_series", "Series the progress store holds (bounded by progress.max_series).",
                collector=NAME)
 SERIES_LIMIT = gauge("raypulse_train_series_limit", "The most series the progress store holds (progress.max_series).",
@@ -192,7 +197,7 @@ class TrainCollector(AsyncCollector):
 
     async def collect(self, out: SampleSink) -> None:
         self.store.expire()
-        jobs = list(self.store.jobs)
+        jobs = self.store.job_keys()
         if jobs and (self.directory.due(jobs) or self.directory.older_than(STATUS_EVERY_SECONDS)):
             try:
                 async with connect(self.local) as api:
@@ -202,6 +207,14 @@ class TrainCollector(AsyncCollector):
         self._let_go_of_ended(jobs)
         view = self.store.view()
         await asyncio.to_thread(self._emit, out, view, bool(self.shared.progress_endpoint_up.get()))
+        await asyncio.to_thread(self._serve_rollouts, view)
+
+    def _serve_rollouts(self, view: StoreView) -> None:
+        """/sd/rollout's answer, rendered once per run (4,096 servers are ~0.5 MB of JSON and ~25 ms of CPU)."""
+        found = self.shared.service_discovery.get()
+        groups = rollout_groups(view.rollouts, self.directory.resolve, found.groups if found is not None else (),
+                                self.config.cluster or "")
+        self.shared.rollout_servers.publish(json.dumps(groups).encode())
 
     def _let_go_of_ended(self, jobs: list[JobKey]) -> None:
         doubtful = frozenset(key for key in jobs if self.directory.standing(*key) != "running")
