@@ -8,7 +8,7 @@ PYTHON ?= python3
 SYSTEM_DEPS := prometheus:prometheus promtool:prometheus prometheus-alertmanager:prometheus-alertmanager \
 	amtool:prometheus-alertmanager prometheus-node-exporter:prometheus-node-exporter chromium:chromium
 
-.PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint bench-progress bench-selection bench-scale bench-fleet docs dashboards \
+.PHONY: install system-deps demo test test-quick lint bench bench-launch bench-footprint bench-progress bench-selection bench-scale bench-fleet bench-week docs dashboards \
 	alerts drill rl-drill heal-drill heal-soak release-check clean
 
 $(VENV)/.installed: pyproject.toml
@@ -88,6 +88,12 @@ bench-scale: install
 # The fleet watch at 2,000 and 10,000 nodes: the head's document beside direct reads (docs/scale.md).
 bench-fleet: install
 	$(PY) -m bench.fleet_watch --sizes 2000,10000
+
+# A week of a run (issue 37): the record at 100 and 2,000 nodes, and the launcher's RSS over 60,480 health
+# checks at 100 nodes (docs/scale.md).
+bench-week: install
+	$(PY) -m bench.long_run --nodes 100,2000
+	$(PY) -m bench.launcher_week --nodes 100
 
 docs: install
 	$(VENV)/bin/exporter metrics -o markdown --out docs/metrics.md

@@ -100,16 +100,18 @@ def _healing(spec: JobSpec, journal: Journal, placement: Placement) -> Healing |
 
 
 def _recorder(spec: JobSpec, journal: Journal, placement: Placement) -> recording.Recorder | None:
-    """The run's recording (launcher/recording.py), unless `record: off` or the user's Prometheus
-    keeps the run's series (`prometheus:`): reports then read it, and nothing is recorded twice."""
-    if spec.record == "off" or spec.prometheus:
+    """The run's recording (launcher/recording.py), unless `record: off`. With the user's Prometheus
+    (`prometheus:`), which keeps the run's series, only when `record: on` is asked for (reports read that
+    Prometheus otherwise, and nothing is recorded twice); the record then asks it for the run's firing
+    alerts and keeps their windows whole (launcher/record_alerts.py)."""
+    if not spec.recorded:
         return None
     record = journal.record
     assert record is not None
     exporters = placement.exporters
     return recording.start(record.directory, exporters.sd_url, interval=spec.record_interval, access=exporters.access,
                            notify=lambda kind, details: journal.emit(kind, **details), meta={"run_id": record.run_id},
-                           record_nodes=frozenset(spec.record_nodes))
+                           record_nodes=frozenset(spec.record_nodes), prometheus=spec.prometheus)
 
 
 class RunHandle:

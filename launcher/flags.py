@@ -351,7 +351,7 @@ def spec_options(func: Callable) -> Callable:
         click.option("--record-nodes", multiple=True, metavar="NODE", help="A node whose own series a large "
                      "cluster's record keeps whole (repeatable; above 64 nodes the record keeps distributions)."),
         click.option("--prometheus", metavar="URL", help="Your Prometheus scrapes this run: reports read it and "
-                     "nothing is recorded."),
+                     "nothing is recorded unless --record on (then the record keeps its alerts' windows whole)."),
         click.option("--simulate-gpus", is_flag=True, help="Local workers' exporters simulate their --worker-gpus."),
         click.option("--framework-metrics", is_flag=True, help="Report what TRL's and Hugging Face trainers and "
                      "verl's trainer log in the job's Ray workers (steps, loss, rewards, KL, response lengths, "

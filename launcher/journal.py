@@ -170,6 +170,8 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
          "recording goes on with the next one"),
     Kind("recording.samples_dropped", level="warn", say=lambda d: f"the recording leaves out {d['dropped']} "
          f"sample(s) whose metric or label name is not a Prometheus name (e.g. {d['example']})"),
+    Kind("recording.alerts_unread", level="warn", say=lambda d: f"the recording cannot read the run's alerts "
+         f"({d['error']}); it asks again each minute and keeps recording"),
     Kind("recording.capped", level="warn", say=lambda d: f"recording stopped early: {d['reason']}; what it "
          f"recorded until then is kept in {d['path']}"),
     Kind("run.placed"),

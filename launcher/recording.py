@@ -21,12 +21,14 @@ A series is named once and then referred to by id. Every target also gets Promet
 
 Within a budget at any length: `max_bytes` is met by rolling older rounds up (per minute, then per 5
 minutes; launcher/record_compaction.py), keeping every round of the last hours and around each fault,
-restart and recovery (`mark` lines, written when a WATCHED series changes or the run calls mark()). Above
+restart, recovery and alert (`mark` lines, written when a WATCHED series changes, the run calls mark(), or
+the run's Prometheus says an alert fires: launcher/record_alerts.py). Above
 record_fleet.FLEET_NODES targets a round keeps the fleet's distributions (`fleet:<metric>:<operation>`
 series) and only the outlying, faulty or asked-for nodes' own series (launcher/record_fleet.py). Two more
 lines then:
 
     {"kind": "mark", "t": ..., "why": "node-7: a fault or recovery series changed"}
+    {"kind": "mark", "t": ..., "until": ..., "why": "alert RaypulseGpuXid on node-7 firing"}
     {"kind": "rollup", "t0": ..., "t": ..., "step": 60, "n": 4, "s": [[7, min, max, mean, last], ...]}
 
 The recorder stops (and says so, in the file and to `notify`) only when even its last hour at full
@@ -69,6 +71,8 @@ from exporter.contract import wire
 from launcher import exposition, record_compaction, record_fleet
 from launcher.health import exporters
 from launcher.health.exporters import ReadError, fetch_sd
+from launcher.promql import PrometheusError
+from launcher.record_alerts import AlertWatch
 from launcher.record_compaction import Ages
 from launcher.state import FILE_MODE, ExporterAccess, private_dir
 
@@ -276,7 +280,8 @@ class Recorder:
                  access: ExporterAccess | None = None, notify: Notify | None = None,
                  meta: Mapping[str, Any] | None = None, fleet_nodes: int = record_fleet.FLEET_NODES,
                  record_nodes: frozenset[str] = frozenset(), levels: tuple[Ages, ...] = LEVELS,
-                 window_s: float = WINDOW_S, clock: Callable[[], float] = time.time) -> None:
+                 window_s: float = WINDOW_S, clock: Callable[[], float] = time.time,
+                 alerts: AlertWatch | None = None) -> None:
         if interval <= 0:
             raise ValueError(f"record interval must be positive, not {interval}")
         self.path = path_of(run_dir)
@@ -325,6 +330,8 @@ class Recorder:
         self._last_at: float | None = None
         self._compacted_at = -math.inf
         self._pending_marks: list[tuple[float, str]] = []  # mark() calls not yet in the file
+        self.alerts = alerts  # the run's Prometheus, asked for its firing alerts (launcher/record_alerts.py)
+        self._alerts_failed: str | None = None  # the last failed ask's error (said once)
 
     # -- life --
 
@@ -486,10 +493,37 @@ class Recorder:
                 self._pending_marks.append((at, f"{target.labels.get('node', target.address)}: a fault or "
                                                 "recovery series changed"))
         for when_, why in self._pending_marks:
-            lines.line({"kind": "mark", "t": round(when_, 3), "why": why})
-            self._marks = _windows([{"t": when_}], self.window_s, self._marks)
+            self._mark(lines, when_, why)
         self._pending_marks = []
+        self._alert_windows(at, lines)
         return faulty
+
+    def _mark(self, lines: _Member, at: float, why: str, until: float | None = None) -> None:
+        """A `mark` line, and its window kept whole from now on: `window_s` either side of `at` (to `until`)."""
+        line: dict[str, Any] = {"kind": "mark", "t": round(at, 3), "why": why}
+        if until is not None and until != at:
+            line["until"] = round(until, 3)
+        lines.line(line)
+        self._marks = _windows([{"t": at, "until": until if until is not None else at}], self.window_s, self._marks)
+
+    def _alert_windows(self, at: float, lines: _Member) -> None:
+        """The run's firing alerts, when its Prometheus is due to be asked: each alert window kept whole as a
+        fault's is. An ask that fails is said once (until one works again); the windows open stay open."""
+        if self.alerts is None or not self.alerts.due(at):
+            return
+        clusters = {target.labels["cluster"] for target in self._targets if target.labels.get("cluster")}
+        try:
+            found = self.alerts.ask(at, clusters, self.window_s)
+        except PrometheusError as exc:
+            if str(exc) != self._alerts_failed:
+                self._say("recording.alerts_unread", error=str(exc))
+            self._alerts_failed = str(exc)
+            return
+        self._alerts_failed = None
+        for since, until, why in found.lines:
+            self._mark(lines, since, why, until)
+        self._marks = _windows([{"t": since, "until": until} for since, until in found.firing], self.window_s,
+                               self._marks)
 
     def _fleet_round(self, at: float, taken: list[tuple[ScrapeTarget, np.ndarray, np.ndarray]], faulty: set[int],
                      lines: _Member, deadline: float) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -519,9 +553,7 @@ class Recorder:
                                    if i not in faulty and not is_open(i)))]
         opened = set(newcomers[:NEW_WINDOWS])
         for index in sorted(opened - faulty):  # a node that starts to stand out matters as a fault does
-            lines.line({"kind": "mark", "t": round(at, 3), "why": f"{taken[index][0].labels.get('node', '?')}: "
-                                                                  "an outlier"})
-            self._marks = _windows([{"t": at}], self.window_s, self._marks)
+            self._mark(lines, at, f"{taken[index][0].labels.get('node', '?')}: an outlier")
         opened |= {index for index in [*reduced.outliers, *faulty] if is_open(index)}  # still out: kept longer
         for index in opened:
             self._keep_until[_key(taken[index][0])] = at + self.window_s
@@ -813,8 +845,9 @@ def _hash(sample: Sample) -> int:
 
 def _windows(marks: list[dict[str, Any]], window_s: float,
              windows: list[tuple[float, float]] | None = None) -> list[tuple[float, float]]:
-    """`windows` with a window of `window_s` either side of each mark's time added (sorted, merged)."""
-    spans = sorted([*(windows or []), *((m["t"] - window_s, m["t"] + window_s) for m in marks)])
+    """`windows` with a window of `window_s` either side of each mark added (sorted, merged): of its time, or of
+    its time to its `until` (an alert's window)."""
+    spans = sorted([*(windows or []), *((m["t"] - window_s, m.get("until", m["t"]) + window_s) for m in marks)])
     merged: list[tuple[float, float]] = []
     for low, high in spans:
         if merged and low <= merged[-1][1]:
@@ -843,10 +876,12 @@ def _human(size: float) -> str:
     return f"{size:.1f} GiB"
 
 
-def start(run_dir: Path, sd_url: SdSource, **options: Any) -> Recorder:
+def start(run_dir: Path, sd_url: SdSource, prometheus: str | None = None, **options: Any) -> Recorder:
     """Start recording the run whose directory is `run_dir` from the exporters `sd_url` lists
-    (options: interval, max_bytes, min_free_bytes, access, notify, meta; see Recorder)."""
-    return Recorder(run_dir, sd_url, **options).start()
+    (options: interval, max_bytes, min_free_bytes, access, notify, meta; see Recorder); `prometheus`: the
+    run's, asked for its firing alerts (launcher/record_alerts.py)."""
+    alerts = AlertWatch(prometheus) if prometheus else None
+    return Recorder(run_dir, sd_url, alerts=alerts, **options).start()
 
 
 # --- reading -------------------------------------------------------------------------------------

@@ -250,7 +250,8 @@ class JobSpec(_Strict):
     record_nodes: list[str] = Field(default_factory=list, description="nodes (their `node` label) whose own series "
                                     "a large cluster's record keeps whole, beside the fleet's distributions")
     prometheus: str | None = Field(None, pattern=r"^https?://", description=(
-        "your Prometheus scrapes this run: reports read it, and nothing is recorded"))
+        "your Prometheus scrapes this run: reports read it, and nothing is recorded unless record: on is given "
+        "(the record then keeps whole the windows of the alerts it fires)"))
     simulate_gpus: bool = Field(False, description="local workers' exporters simulate their GPUs")
     framework_metrics: bool = Field(False, description=(
         "report what TRL's and Hugging Face trainers and verl's trainer log in the job's Ray workers as training "
@@ -502,6 +503,12 @@ class JobSpec(_Strict):
     @property
     def worker_count(self) -> int:
         return sum(group.count for group in self.worker_groups)
+
+    @property
+    def recorded(self) -> bool:
+        """The run keeps its record (launcher/recording.py): `record: on`, and with the user's Prometheus
+        (`prometheus:`, which keeps the run's series) only when `record: on` was given."""
+        return self.record == "on" and (not self.prometheus or "record" in self.model_fields_set)
 
     def with_run_id(self) -> JobSpec:
         """This spec with a run id: the given one, the one derived from the submission id, or

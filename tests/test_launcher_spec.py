@@ -107,6 +107,16 @@ def test_flags_not_given_leave_the_fields_default():
     assert submit_spec("--", "true") == build_spec({"entrypoint": "true", "user": JobSpec(entrypoint="true").user})
 
 
+def test_a_run_with_its_own_prometheus_is_recorded_only_when_record_on_is_asked_for():
+    base = {"name": "x", "entrypoint": "python train.py"}
+    assert build_spec(base).recorded
+    assert not build_spec({**base, "prometheus": "http://prom:9090"}).recorded  # reports read it: not twice
+    assert build_spec({**base, "prometheus": "http://prom:9090", "record": "on"}).with_run_id().recorded
+    assert not submit_spec("--prometheus", "http://prom:9090", "--", "true").recorded
+    assert submit_spec("--prometheus", "http://prom:9090", "--record", "on", "--", "true").recorded
+    assert not build_spec({**base, "record": "off"}).recorded
+
+
 def test_the_help_shows_every_fixed_default_of_the_spec():
     """--help reads its defaults from the spec's fields; a default computed at run time is said in words."""
     helps = {param.name: param.help or "" for param in main.commands["submit"].params if param.name in SPEC_OPTIONS}

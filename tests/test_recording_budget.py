@@ -9,16 +9,22 @@ What the recorder guarantees: a run driven past what its budget holds at full re
 from its first round to its last, within the budget, whole in its last hour and around every fault; and
 above record_fleet.FLEET_NODES targets it keeps the fleet's distribution per round (series named like
 recording rules) and its own series only for the nodes that stand out, are faulty, or were asked for; what
-it keeps, `launcher export` writes in a form promtool backfills.
+it keeps, `launcher export` writes in a form promtool backfills. With the run's Prometheus (a real one, whose
+rule fires on a gauge the test sets), it keeps each of the run's alert windows whole as a fault's.
 """
 
 from __future__ import annotations
 
+import http.server
 import subprocess
+import threading
 from pathlib import Path
 
+import yaml
+
 from bench.fakefleet import FakeFleet
-from launcher import export, record_fleet, recording
+from launcher import export, record_alerts, record_fleet, recording
+from scripts.ports import free_port
 from tests.conftest import binary, wait_until
 
 INTERVAL = 15.0
@@ -121,3 +127,92 @@ def test_a_large_cluster_keeps_the_fleets_distribution_and_its_outlying_faulty_a
                              str(tmp_path / "tsdb")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "NUM SAMPLES" in result.stdout
+
+
+class Alarm:
+    """A real HTTP server serving one gauge per cluster, `test_alarm{cluster}`, in the text format, for a real
+    Prometheus to scrape; an alert rule fires on it while the test sets it to 1."""
+
+    def __init__(self) -> None:
+        self.values = {"fleet": 0.0, "other": 1.0}  # another cluster's alert fires all along: not this run's
+        alarm = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = "# TYPE test_alarm gauge\n" + "".join(
+                    f'test_alarm{{cluster="{cluster}"}} {value}\n' for cluster, value in alarm.values.items())
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+
+
+def alarmed_prometheus(start_prometheus, alarm: Alarm, tmp_path: Path):
+    rules = tmp_path / "alarm.yml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "test", "rules": [
+        {"alert": "TestAlarm", "expr": "test_alarm > 0", "labels": {"severity": "warning"}}]}]}))
+    return start_prometheus(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(rules)],
+        "scrape_configs": [{"job_name": "alarm", "static_configs": [{"targets": [alarm.address]}]}]}))
+
+
+def firing(prometheus, cluster: str) -> bool:
+    return any(item["metric"].get("cluster") == cluster for item in prometheus.query(record_alerts.FIRING))
+
+
+def test_an_alert_window_from_the_runs_prometheus_is_kept_whole_as_a_faults_is(tmp_path: Path, start_prometheus):
+    alarm = Alarm()
+    prometheus = alarmed_prometheus(start_prometheus, alarm, tmp_path)
+    wait_until(lambda: firing(prometheus, "other"), 60, "Prometheus to fire the other cluster's alert")
+    fleet = FakeFleet(4)
+    run_dir = tmp_path / "run"
+    driven = Driven(run_dir, fleet, max_bytes=1024 * 1024, alerts=record_alerts.AlertWatch(prometheus.url))
+    began = ended = 0.0
+    for index in range(6 * 240):  # six hours; the alert fires for ten minutes an hour and a quarter in
+        if index == 300:
+            alarm.values["fleet"] = 1.0
+            wait_until(lambda: firing(prometheus, "fleet"), 60, "the run's alert to fire")
+            began = driven.now
+        if index == 340:
+            alarm.values["fleet"] = 0.0
+            wait_until(lambda: not firing(prometheus, "fleet"), 60, "the run's alert to resolve")
+            ended = driven.now
+        driven.round()
+    driven.rec.stop()
+    times = [*driven.times, driven.now]
+
+    read = recording.read(run_dir)
+    alerts = [mark for mark in read.marks if mark["why"].startswith("alert ")]
+    assert alerts, read.marks
+    assert all("TestAlarm" in mark["why"] for mark in alerts)
+    since = min(mark["t"] for mark in alerts)
+    until = max(mark.get("until", mark["t"]) for mark in alerts)
+    # Seen at the first ask after it fired (asks a minute apart), last seen at the last ask before it resolved;
+    # the other cluster's alert, firing from the start, is not the run's.
+    assert began < since <= began + record_alerts.ASK_EVERY_S
+    assert ended - record_alerts.ASK_EVERY_S <= until <= ended
+    assert any(mark["why"].endswith("resolved") for mark in alerts)
+    [up] = read.select("up", node="node-0001")
+    around = [t for t in times if since - recording.WINDOW_S <= t <= until + recording.WINDOW_S]
+    assert [t for t in up.times if since - recording.WINDOW_S <= t <= until + recording.WINDOW_S] == around
+    older = [t for t in times if t < times[-1] - 3600 and not since - 900 <= t <= until + 900]
+    assert len([t for t in up.times if t in set(older)]) * 3 < len(older)  # elsewhere rolled up
+
+
+def test_a_prometheus_that_cannot_be_asked_is_said_once_and_the_recording_goes_on(tmp_path: Path):
+    said: list[tuple[str, dict]] = []
+    driven = Driven(tmp_path, FakeFleet(2), alerts=record_alerts.AlertWatch(f"http://127.0.0.1:{free_port()}"),
+                    notify=lambda kind, details: said.append((kind, dict(details))))
+    for _ in range(20):  # five minutes: five asks
+        driven.round()
+    driven.rec.stop()
+    [(_, details)] = [(kind, details) for kind, details in said if kind == "recording.alerts_unread"]
+    assert "Prometheus http://127.0.0.1:" in details["error"]
+    assert recording.read(tmp_path).rounds == 22

@@ -10,6 +10,7 @@ from typing import Any
 
 from launcher import recording
 from launcher.promql import MatrixSeries, Prometheus, shown
+from launcher.record_alerts import FIRING, of_clusters
 from launcher.recording import Recording, Series
 
 MAX_POINTS = 1500  # per series: Prometheus refuses more than 11000 points per series anyway
@@ -49,9 +50,9 @@ def fired(base: str, start: float, end: float, clusters: set[str]) -> list[dict[
     """Alerts firing at any point of [start, end] (of the run's clusters, or without a cluster label):
     name, severity, labels, first and last time seen firing."""
     found = []
-    for item in query_range(base, 'ALERTS{alertstate="firing"}', start, end):
+    for item in query_range(base, FIRING, start, end):
         labels = dict(item.metric)
-        if clusters and labels.get("cluster", "") not in clusters | {""}:
+        if not of_clusters(labels, clusters):
             continue
         times = [at for at, _ in item.values]
         found.append({"alertname": labels.pop("alertname", "?"), "severity": labels.pop("severity", ""),

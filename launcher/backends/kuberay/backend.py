@@ -37,7 +37,8 @@ def _watched(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str
     """The run's health watcher and recording on KubeRay, both reading the sidecars of the current
     RayCluster's pods through the API server (launcher/backends/kuberay/heal.py); a faulty GPU's node
     cordoned with health.cordon_nodes. Neither without sidecars (nothing to read); no watcher with health
-    off; no recording with `record: off` or the user's Prometheus (`prometheus:`: reports read it there)."""
+    off; no recording with `record: off`, nor with the user's Prometheus (`prometheus:`: reports read it there) unless
+    `record: on` was asked for (JobSpec.recorded)."""
     if not spec.sidecar:
         return None, None
     from kubernetes import client
@@ -55,13 +56,13 @@ def _watched(spec: JobSpec, journal: Journal, access: KubeAccess, namespace: str
             "no running Ray pod of the RayJob's cluster on a node, or no `list pods` for the launcher's account"),
             no_remedy="health.cordon_nodes is off: the node is not cordoned")
     recorder = None
-    if spec.record != "off" and not spec.prometheus:
+    if spec.recorded:
         record = journal.record
         assert record is not None
         recorder = recording.start(record.directory, scrape_targets(targets, namespace, cluster),
                                    interval=spec.record_interval, meta={"run_id": record.run_id},
                                    notify=lambda kind, details: journal.emit(kind, **details),
-                                   record_nodes=frozenset(spec.record_nodes))
+                                   record_nodes=frozenset(spec.record_nodes), prometheus=spec.prometheus)
     return healing, recorder
 
 
