@@ -5,8 +5,8 @@ what the run's effective training time ratio came to (scripts/heal_drill/ettr.py
     flock /tmp/raypulse-ray.lock python -m scripts.heal_drill.soak --output docs/healing-drill.md
     flock /tmp/raypulse-ray.lock python -m scripts.heal_drill.soak --minutes 5 --fault-every 60 --seed 3
 
-The run is the product as it ships (launcher.submit, the default health policy and retry settings)
-with hang_after_seconds 60 and enough max_retries for its faults. The drill's fault injection is
+The run is the product as it ships (launcher.submit, the default health policy with its adaptive hang
+threshold, the default retry settings), with enough max_retries for its faults. The drill's fault injection is
 reused (scripts/heal_drill/run.py). The soak keeps the run's directory (its record and recording)
 under --workdir, and writes its "Soak" section into --output, leaving the rest of that file as it is.
 Must run under `flock /tmp/raypulse-ray.lock` (it starts Ray).
@@ -37,6 +37,7 @@ import launcher
 from exporter.contract import wire
 from launcher.health.exporters import fetch_metrics
 from launcher.health.policy import HealthPolicy
+from launcher.health.threshold import FLOOR_S
 from launcher.spec import JobSpec
 from launcher.state import AttemptRecord, RunRecord
 from scripts.heal_drill import ettr
@@ -48,8 +49,8 @@ TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 KINDS = ("hang", "xid-79", "node-killed", "nan-loss")
 FAULT_CLASS = {"hang": "hang", "xid-79": "gpu_fault", "node-killed": "node_lost", "nan-loss": "nonfinite_loss"}
 WORKERS = ("workers-1", "workers-2")
-HANG_AFTER_S = 60.0
-STEP_S = 0.5  # train.py's --step-seconds: the forward and backward pass it stands in for
+HANG_MARGIN_S = FLOOR_S + 60.0  # a hang is injected only this long before the end: judged at the floor, then healed
+STEP_S = 1.0  # train.py's --step-seconds: the forward and backward pass it stands in for
 CHECKPOINT_S = 30.0  # a checkpoint every this many seconds of steps (--checkpoint-every in steps)
 GOAL_RATIO = 0.97  # GPU fault, lost node, NaN: at most 3% of a fault's slot lost (18 s of 10 minutes)
 HANG_SLACK_S = 30.0  # a hang: at most the hang threshold plus this lost
@@ -135,7 +136,6 @@ def spec(options: Options) -> dict[str, Any]:
     return {"name": "heal-soak", "entrypoint": command, "working_dir": str(TRAIN.parent),
             "worker_groups": [{"count": 2, "cpus": 1, "gpus": 1}], "simulate_gpus": True,
             "max_retries": options.max_retries(), "exporter_port": base, "progress_port": base + 1,
-            "health": {"hang_after_seconds": HANG_AFTER_S},
             **({} if options.retry_backoff is None else {"retry_backoff_seconds": options.retry_backoff})}
 
 
@@ -279,7 +279,7 @@ def soak(options: Options, command: str, log: Callable[[str], None] = print) -> 
                 entry = Injected(planned.index, planned.kind, planned.node, first + planned.offset)
                 injected.append(entry)
                 wait_until(entry.planned_at)
-                margin = (HANG_AFTER_S if planned.kind == "hang" else 0) + 60
+                margin = HANG_MARGIN_S if planned.kind == "hang" else 60.0
                 hit = max((entry.attempt or 0 for entry in injected), default=0)  # one fault per attempt
                 ready = functools.partial(_ready, handle.record, options.checkpoint_seconds, hit)
                 item = ready() if wait_until(end - margin, ready) else None
@@ -345,7 +345,7 @@ def rows(result: Soak) -> list[Row]:
         if entry.at is None:
             continue
         recovery = recoveries.get(entry.attempt) if entry.attempt is not None else None
-        limit = (HANG_AFTER_S + HANG_SLACK_S) if entry.kind == "hang" else \
+        limit = (FLOOR_S + HANG_SLACK_S) if entry.kind == "hang" else \
             (1 - GOAL_RATIO) * result.options.fault_every
         met = None if recovery is None else recovery.seconds_lost <= limit
         found.append(Row(entry, recovery, limit, met))
@@ -380,8 +380,8 @@ def render(result: Soak) -> str:
         "on a local cluster started by `launcher submit` (a head and two workers with one simulated GPU each, "
         f"one exporter per node), for {options.minutes:g} minutes after its first step; then the soak stopped it. "
         f"The health policy is the product's defaults (a check every {policy.check_interval_seconds:g} s, every "
-        f"action restart) except `hang_after_seconds: {HANG_AFTER_S:g}` (default "
-        f"{policy.hang_after_seconds:g}); {_retries(options, run_spec)}", "",
+        f"action restart, the adaptive hang threshold: learned from the run's pace, at least {FLOOR_S:g} s, at most "
+        f"`hang_after_seconds` {policy.hang_after_seconds:g}); {_retries(options, run_spec)}", "",
         f"Faults: one per {options.fault_every:g} s slot after the first step, at a point drawn between 20% and 50% "
         f"into the slot; the kinds are dealt in blocks of four, each a shuffle of hang / XID 79 / node killed / "
         f"NaN drawn with `random.Random(seed)` (seed {options.seed}), so every kind comes once in every four faults "
@@ -481,7 +481,7 @@ def _verdict(result: Soak) -> str:
     missed = [row for row in found if not row.met]
     parts = [f"Goal (≥ {GOAL_RATIO:.0%} per slot for a GPU fault, a lost node or a NaN, i.e. at most "
              f"{(1 - GOAL_RATIO) * result.options.fault_every:g} s lost per fault; a hang at most its threshold + "
-             f"{HANG_SLACK_S:g} s = {HANG_AFTER_S + HANG_SLACK_S:g} s): "
+             f"{HANG_SLACK_S:g} s = {FLOOR_S + HANG_SLACK_S:g} s at the floor): "
              + ("**met** for every fault." if not missed else
                 f"**not met** for {len(missed)} of {len(found)} faults "
                 f"({', '.join(str(row.injected.index) for row in missed)}).")]
@@ -577,15 +577,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=30.0, help="the window after the first step [30]")
     parser.add_argument("--fault-every", type=float, default=600.0, help="seconds per fault slot [600]")
     parser.add_argument("--seed", type=int, default=0, help="draws the faults' kinds and times [0]")
+    parser.add_argument("--step-seconds", type=float, default=STEP_S, help=f"one training step's seconds [{STEP_S:g}]")
+    parser.add_argument("--checkpoint-seconds", type=float, default=CHECKPOINT_S,
+                        help=f"a checkpoint every this many seconds of steps [{CHECKPOINT_S:g}]")
     parser.add_argument("--retry-backoff", type=float, help="the run's retry_backoff_seconds [the default, 10]")
     parser.add_argument("--workdir", type=Path, help="where the run's record is kept [/tmp/heal-soak-<time>]")
     parser.add_argument("--output", type=Path, help="write the Soak section into this Markdown file")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     parser.add_argument("--from-json", type=Path, help="run nothing: render a finished soak again from its --json")
     args = parser.parse_args(argv)
-    if args.fault_every <= 0 or args.minutes <= 0:
-        parser.error("--minutes and --fault-every must be positive")
-    options = Options(args.minutes, args.fault_every, args.seed, retry_backoff=args.retry_backoff)
+    if min(args.fault_every, args.minutes, args.step_seconds, args.checkpoint_seconds) <= 0:
+        parser.error("--minutes, --fault-every, --step-seconds and --checkpoint-seconds must be positive")
+    options = Options(args.minutes, args.fault_every, args.seed, args.step_seconds, args.checkpoint_seconds,
+                      args.retry_backoff)
     if args.workdir:
         options.workdir = args.workdir
     command = "python -m scripts.heal_drill.soak " + shlex.join(argv if argv is not None else sys.argv[1:])
@@ -593,12 +597,12 @@ def main(argv: list[str] | None = None) -> int:
         result = from_json(args.from_json)
     else:
         result = soak(options, command.strip(), log=lambda line: print(f"heal-soak: {line}", flush=True))
+    if args.json and not args.from_json:
+        args.json.write_text(to_json(result))  # first: what the soak measured outlives a rendering error
     section = render(result)
     if args.output:
         existing = args.output.read_text() if args.output.exists() else ""
         args.output.write_text(replace_section(existing, SECTION, section))
-    if args.json:
-        args.json.write_text(to_json(result))
     print(section)
     return 0 if result.accounting is not None and not result.error else 1
 
