@@ -64,7 +64,8 @@ INJECTED = [Injected(1, "hang", None, planned_at=1098.0, at=1098.5, attempt=1),
 def _checks(record: RunRecord) -> goodput.Checks:
     lines = ettr.timelines(record, None)
     accounting = ettr.account(record, lines, ettr.window_end(record))
-    return goodput.checks(record, accounting, [(1, "hang", 1), (2, "node-killed", 2)])
+    return goodput.checks(record, accounting, [(entry.index, entry.kind, entry.attempt, entry.at)
+                                               for entry in INJECTED])
 
 
 def test_the_ledgers_causes_add_up_to_the_wall_time_and_one_off_by_more_than_one_percent_is_a_miss():
@@ -92,14 +93,14 @@ def test_a_run_that_ended_without_the_ledgers_split_is_a_miss():
 
 def test_the_launchers_part_of_a_fault_is_its_time_without_progress_less_the_backoff():
     hang, node = _checks(_record()).faults
-    # hang: kept progress to step 90 (1089), 10 s redone to step 100, then nothing until attempt 2's first step's
-    # work began (1184): 85 s down, 10 of them the backoff
+    # hang: the ranks stopped at 1098.5, after step 100 (1099: its report came later); attempt 2's first step's
+    # work began at 1184, 85 s later, 10 of them the backoff
     assert (hang.kind, hang.launcher_s, hang.bound_s, hang.part_ok) == ("hang", pytest.approx(75.0), 80.0, True)
     assert (hang.threshold_s, hang.threshold_rule, hang.quiet_s) == (60.0, "steps", 66.0)
     assert hang.judged_after_last_step_s == pytest.approx(66.0)
     assert hang.hang_ok
-    # node: kept to step 180 (1274), 20 s redone, down until 1309 with no backoff
-    assert (node.launcher_s, node.bound_s, node.part_ok) == (pytest.approx(15.0), 20.0, True)
+    # node: killed at 1299.2, after its last step (1294); attempt 3's first step's work began at 1309, no backoff
+    assert (node.launcher_s, node.bound_s, node.part_ok) == (pytest.approx(9.8), 20.0, True)
     assert node.threshold_s is None
     assert node.judged_after_last_step_s is None
     assert node.hang_ok is None

@@ -6,9 +6,11 @@ and the soak's independent accounting (scripts/heal_drill/ettr.py); pure, no Ray
 - Redone: the steps the launcher said each recovery lost (`health.recovered`'s steps_lost) agree with
   the soak's count within one step, and the ledger's redone seconds with the soak's within one step's
   time per fault.
-- The launcher's part of each fault: from the last step before it to the next attempt's first step,
-  less the retry backoff (detect + stop + provision + startup): at most LAUNCHER_PART_S for a lost
-  node or an XID, the hang threshold in force + LAUNCHER_PART_S for a hang; a NaN's is shown, not bound.
+- The launcher's part of each fault: from the fault (its injection, or the attempt's last step when
+  steps were made after it) to the work of the next attempt's first step (its first step's report less
+  one step's time), less the retry backoff: detect + stop + provision + startup. At most
+  LAUNCHER_PART_S for a lost node or an XID, the hang threshold in force + LAUNCHER_PART_S for a hang
+  (its threshold counts from the last step); a NaN's is shown, not bound.
 - A hang is judged (its `health.fault`) within HANG_JUDGED_S of the attempt's last step.
 - The checkpoint advice (launcher/checkpoint_advice.py) the run ends with: the interval used and the
   Young-Daly interval from the measured save cost and the run's own fault rate.
@@ -58,7 +60,7 @@ class FaultCheck:
     index: int
     kind: str
     attempt: int
-    launcher_s: float  # down - backoff
+    launcher_s: float  # from the fault to the next attempt's first step's work, less the backoff
     bound_s: float | None
     steps_soak: int | None
     steps_launcher: float | None  # health.recovered's steps_lost
@@ -137,9 +139,20 @@ def _fault_event(events: list[EventRecord], attempt: int) -> EventRecord | None:
                  and event.details.get("action") != "report"), None)
 
 
-def fault_check(index: int, kind: str, recovery: ettr.Recovery, record: RunRecord) -> FaultCheck:
-    """The checks of one recovery; `kind`: the soak's fault (soak.KINDS)."""
-    launcher_s = recovery.down_seconds - (recovery.backoff_seconds or 0.0)
+def launcher_part(recovery: ettr.Recovery, injected_at: float, step_seconds: float) -> float | None:
+    """Seconds from the fault to the next attempt's first step's work, less the backoff (None: no next step)."""
+    if recovery.next_first_step_at is None:
+        return None
+    since = max(injected_at, recovery.last_step_at or injected_at)
+    return recovery.next_first_step_at - step_seconds - since - (recovery.backoff_seconds or 0.0)
+
+
+def fault_check(index: int, kind: str, injected_at: float, recovery: ettr.Recovery, record: RunRecord,
+                step_seconds: float) -> FaultCheck | None:
+    """The checks of one recovery; `kind`: the soak's fault (soak.KINDS). None: no next attempt made a step."""
+    launcher_s = launcher_part(recovery, injected_at, step_seconds)
+    if launcher_s is None:
+        return None
     event = _fault_event(record.events, recovery.attempt)
     evidence = _evidence(record, recovery.attempt) if kind == "hang" else {}
     threshold = hang_threshold(record, recovery.attempt) if kind == "hang" else None
@@ -173,16 +186,17 @@ def hang_threshold(record: RunRecord, attempt: int) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def checks(record: RunRecord, accounting: ettr.Accounting, faults: list[tuple[int, str, int]],
+def checks(record: RunRecord, accounting: ettr.Accounting, faults: list[tuple[int, str, int, float]],
            past: checkpoint_advice.FaultRate = NO_PAST) -> Checks:
-    """`faults`: the soak's injected faults as (index, kind, attempt hit); `past`: the other runs' faults that
+    """`faults`: the soak's injected faults as (index, kind, attempt hit, when); `past`: the other runs' faults that
     the launcher's advice pools with the run's (checkpoint_advice.past_faults)."""
     recoveries = {item.attempt: item for item in accounting.recoveries}
-    found = [fault_check(index, kind, recoveries[attempt], record)
-             for index, kind, attempt in faults if attempt in recoveries]
-    split = ledger_check(record)
     step = accounting.step_seconds or 0.0
+    found = [fault_check(index, kind, at, recoveries[attempt], record, step)
+             for index, kind, attempt, at in faults if attempt in recoveries]
+    split = ledger_check(record)
     advice = checkpoint_advice.for_run(record, past=past)
-    return Checks(split, found, split.seconds.get("redone", 0.0) if split else None,
+    healed = [item for item in found if item is not None]
+    return Checks(split, healed, split.seconds.get("redone", 0.0) if split else None,
                   sum(item.redone_seconds for item in accounting.recoveries),
                   step * len(accounting.recoveries), advice)

@@ -499,7 +499,8 @@ def _checks_text(result: Soak) -> list[str]:
     if check is None:
         return []
     lines = [f"The launcher's accounts (issue 38): the launcher's part of a fault = detect + stop + provision + "
-             f"startup (from the last step to the new attempt's first step, less the retry backoff), at most "
+             f"startup (from the fault, or the last step when steps were made after it, to the work of the new "
+             f"attempt's first step, less the retry backoff), at most "
              f"{goodput.LAUNCHER_PART_S:g} s for a lost node or an XID and the threshold in force + "
              f"{goodput.LAUNCHER_PART_S:g} s for a hang; steps lost as the launcher said them (`health.recovered`) "
              "against the soak's count, within one step.", "",
@@ -534,7 +535,7 @@ def _checks_text(result: Soak) -> list[str]:
 def _checks(result: Soak) -> goodput.Checks | None:
     if result.accounting is None:
         return None
-    faults = [(entry.index, entry.kind, entry.attempt) for entry in result.injected
+    faults = [(entry.index, entry.kind, entry.attempt, entry.at) for entry in result.injected
               if entry.at is not None and entry.attempt is not None]
     return goodput.checks(result.record, result.accounting, faults, _past(result))
 
