@@ -143,7 +143,7 @@ def test_the_advice_is_the_launchers_from_the_measured_cost_and_the_runs_own_fau
     assert advice.advised_s < 30.0
 
 
-def _soak(tmp_path: Path, name: str, checkpoint_seconds: float) -> Path:
+def _soak(tmp_path: Path, name: str, checkpoint_seconds: float, advised_from: str | None = None) -> Path:
     """A finished soak's --json and the run directory it names."""
     run_dir = tmp_path / name / "home" / "runs" / "soak-x"
     run_dir.mkdir(parents=True)
@@ -151,7 +151,7 @@ def _soak(tmp_path: Path, name: str, checkpoint_seconds: float) -> Path:
     (run_dir / "run.json").write_text(record.model_dump_json())
     _, accounting = ettr.of_run(run_dir)
     options = Options(minutes=9, fault_every=300, step_seconds=1.0, checkpoint_seconds=checkpoint_seconds,
-                      workdir=tmp_path / name)
+                      advised_from=advised_from, workdir=tmp_path / name)
     result = Soak(options, f"python -m scripts.heal_drill.soak --checkpoint-seconds {checkpoint_seconds:g}",
                   "2026-12-05 19:00 UTC", run_dir, INJECTED, record, accounting, [0.5, 1.5])
     path = tmp_path / f"{name}.json"
@@ -160,11 +160,13 @@ def _soak(tmp_path: Path, name: str, checkpoint_seconds: float) -> Path:
 
 
 def test_two_soaks_render_side_by_side_from_their_json(tmp_path):
-    first, second = _soak(tmp_path, "every-30", 30.0), _soak(tmp_path, "advised", 2.0)
+    first = _soak(tmp_path, "every-30", 30.0)
     assert json.loads(first.read_text())["advice"]["advised_s"] < 30.0
+    second = _soak(tmp_path, "advised", 2.0, advised_from=str(first))
     section = render([from_json(first), from_json(second)])
-    assert "| | checkpoints every 30 s | checkpoints every 2 s |" in section
-    assert section.count("### Checkpoints every") == 2
+    assert "| | checkpoints every 30 s | checkpoints at the advised interval (2 s: every 2 steps) |" in section
+    assert "### Checkpoints every 30 s" in section
+    assert "### Checkpoints at the advised interval (2 s: every 2 steps)" in section
     ettr_row = next(line for line in section.splitlines() if line.startswith("| **ETTR**"))
     assert ettr_row.count("%") == 2
     assert section.count("Checks: **all met**.") == 2
@@ -179,7 +181,7 @@ def test_render_from_json_writes_the_section_into_the_doc(tmp_path, capsys):
     text = doc.read_text()
     assert text.startswith("# Healing drill\n\nthe drill\n\n## Soak\n")
     assert "\n\nold\n" not in text
-    assert "checkpoints every 2 s" in text
+    assert "checkpoints every 2 s" in text  # without advised_from: an interval given
 
 
 def test_advised_from_needs_a_soak_that_ended_with_advice(tmp_path, capsys):

@@ -1,15 +1,25 @@
-"""The healing soak (`make heal-soak`): one long run of examples/train.py on a local cluster with
-simulated GPUs, a fault every --fault-every seconds (hang, XID 79, a killed node, a NaN loss), and
-what the run's effective training time ratio came to (scripts/heal_drill/ettr.py) against the goal.
+"""The healing soak (`make heal-soak`): a long run of examples/train.py on a local cluster with simulated
+GPUs, a fault every --fault-every seconds (hang, XID 79, a killed node, a NaN loss), what the run's
+effective training time ratio came to (scripts/heal_drill/ettr.py), and issue 38's checks of the
+launcher's own accounts (scripts/heal_drill/goodput.py: the ledger, redone steps, the launcher's part
+of each fault, the hang's threshold, the checkpoint advice). `make heal-soak` makes two runs, the
+second at the checkpoint interval the first one's advice gave, and renders them side by side:
 
-    flock /tmp/raypulse-ray.lock python -m scripts.heal_drill.soak --output docs/healing-drill.md
+    flock /tmp/raypulse-ray.lock python -m scripts.heal_drill.soak --checkpoint-seconds 30 \
+        --workdir /tmp/soak-30 --json /tmp/soak-30.json
+    flock /tmp/raypulse-ray.lock python -m scripts.heal_drill.soak --advised-from /tmp/soak-30.json \
+        --workdir /tmp/soak-advised --json /tmp/soak-advised.json
+    python -m scripts.heal_drill.soak --from-json /tmp/soak-30.json /tmp/soak-advised.json \
+        --output docs/healing-drill.md
     flock /tmp/raypulse-ray.lock python -m scripts.heal_drill.soak --minutes 5 --fault-every 60 --seed 3
 
 The run is the product as it ships (launcher.submit, the default health policy with its adaptive hang
-threshold, the default retry settings), with enough max_retries for its faults. The drill's fault injection is
-reused (scripts/heal_drill/run.py). The soak keeps the run's directory (its record and recording)
-under --workdir, and writes its "Soak" section into --output, leaving the rest of that file as it is.
-Must run under `flock /tmp/raypulse-ray.lock` (it starts Ray).
+threshold, the default retry settings), with enough max_retries for its faults. The drill's fault
+injection is reused (scripts/heal_drill/run.py). The soak keeps the run's directory (its record and
+recording) under --workdir (a fresh one: the advice pools the faults of every run under it), writes
+its --json before anything else, and its "Soak" section into --output, leaving the rest of that file
+as it is. Running a soak must be under `flock /tmp/raypulse-ray.lock` (it starts Ray); --from-json
+starts nothing.
 """
 
 from __future__ import annotations
@@ -109,11 +119,19 @@ class Options:
     step_seconds: float = STEP_S
     checkpoint_seconds: float = CHECKPOINT_S
     retry_backoff: float | None = None  # None: the product's default
+    advised_from: str | None = None  # the earlier soak (its --json) whose advised interval this one uses
     workdir: Path = field(default_factory=lambda: Path(f"/tmp/heal-soak-{time.strftime('%Y%m%d-%H%M%S')}"))
 
     @property
     def checkpoint_every(self) -> int:
         return max(1, round(self.checkpoint_seconds / self.step_seconds))
+
+    def label(self) -> str:
+        """How the run checkpointed, for a heading: `checkpoints every 30 s`, or the advised interval's."""
+        steps = f"every {self.checkpoint_every} step{'s' if self.checkpoint_every > 1 else ''}"
+        if self.advised_from:
+            return f"checkpoints at the advised interval ({self.checkpoint_seconds:.2g} s: {steps})"
+        return f"checkpoints every {self.checkpoint_seconds:g} s"
 
     def max_retries(self) -> int:
         return min(100, int(self.minutes * 60 // self.fault_every) + 2)
@@ -414,8 +432,7 @@ def render(results: list[Soak]) -> str:
 
 def _comparison(results: list[Soak]) -> str:
     """The runs side by side."""
-    header = "| | " + " | ".join(f"checkpoints every {result.options.checkpoint_seconds:g} s"
-                                 for result in results) + " |"
+    header = "| | " + " | ".join(result.options.label() for result in results) + " |"
     table = [header, "|---|" + "---|" * len(results)]
     found = [(result, _checks(result)) for result in results]
 
@@ -449,7 +466,7 @@ def _run(result: Soak) -> list[str]:
     """One run's subsection: its command, ETTR, the faults and what each cost, the checks."""
     options, accounting = result.options, result.accounting
     origin = accounting.start if accounting else 0.0
-    lines = [f"### Checkpoints every {options.checkpoint_seconds:g} s", "",
+    lines = [f"### {options.label()[0].upper()}{options.label()[1:]}", "",
              f"`{result.command}`, {result.started}: `{result.record.spec.get('entrypoint', '')}` (a checkpoint every "
              f"{options.checkpoint_every} steps, {_checkpoint_pace(accounting, options)}); the 1-minute load "
              f"average through the run: {_load(result.load)}.", ""]
@@ -775,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.fault_every, args.minutes, args.step_seconds, args.checkpoint_seconds) <= 0:
         parser.error("--minutes, --fault-every, --step-seconds and --checkpoint-seconds must be positive")
     options = Options(args.minutes, args.fault_every, args.seed, args.step_seconds, args.checkpoint_seconds,
-                      args.retry_backoff)
+                      args.retry_backoff, str(args.advised_from) if args.advised_from else None)
     if args.workdir:
         options.workdir = args.workdir
     command = "python -m scripts.heal_drill.soak " + shlex.join(argv if argv is not None else sys.argv[1:])
