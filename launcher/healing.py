@@ -354,6 +354,7 @@ class Healing:
         pending, attempt = self.pending, self.watcher.attempt
         if pending is None or attempt is None or not self.policy.enabled:
             return
+        seen = None
         try:
             with self._checking:
                 before = self.watcher.last
@@ -363,14 +364,14 @@ class Healing:
                     self.watcher.last = before
         except Exception as exc:  # noqa: BLE001 - as in check(): the fault's own step stands
             self._say_check_failed(f"{type(exc).__name__}: {exc}")
-            return
         made = seen.newest_step if seen is not None else None
-        if made is None or (pending.fault.last_step is not None and made <= pending.fault.last_step):
-            return
-        pending.made = made
-        item = self.record.attempt(attempt.number)
-        if item is not None and (item.last_step is None or made > item.last_step):
-            item.last_step = made
+        if made is not None and (pending.fault.last_step is None or made > pending.fault.last_step):
+            pending.made = made
+        # The record's step too, also when it is the fault's: a fault found after the attempt failed on its own
+        # (a lost node) comes from a check of its own, which may have seen steps the attempt's last check did not.
+        item, last = self.record.attempt(attempt.number), pending.last_step
+        if item is not None and last is not None and (item.last_step is None or last > item.last_step):
+            item.last_step = last
 
     def repeated(self, fault: Fault | None, failed: AttemptRecord | None) -> str | None:
         """Why retrying would not help: the same fault (or the same failure) twice in a row, with no
