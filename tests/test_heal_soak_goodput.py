@@ -171,6 +171,9 @@ def test_two_soaks_render_side_by_side_from_their_json(tmp_path):
     assert ettr_row.count("%") == 2
     assert section.count("Checks: **all met**.") == 2
     assert "judged 66 s after the last step (≤ 120 s: yes)" in section
+    # the same record twice: the same loss, so not less
+    assert "65.0 s lost per recovery against 65.0 s" in section
+    assert "**it did not lose less**." in section
 
 
 def test_render_from_json_writes_the_section_into_the_doc(tmp_path, capsys):

@@ -424,6 +424,7 @@ def render(results: list[Soak]) -> str:
         "The advice: launcher/checkpoint_advice.py at the run's end (what `launcher submit` prints), from the "
         "measured save cost and the run's own fault rate.", "",
         _comparison(results), "",
+        *([_versus(results[0], results[-1]), ""] if len(results) > 1 else []),
     ]
     for result in results:
         lines += _run(result)
@@ -460,6 +461,35 @@ def _comparison(results: list[Soak]) -> str:
     row("issue 38's checks", lambda _, check: "—" if check is None else
         ("all met" if not check.failed() else f"**{len(check.failed())} missed**"))
     return "\n".join(table)
+
+
+def _versus(first: Soak, last: Soak) -> str:
+    """Whether the later run (the advised interval) lost less than the first, in the runs' own numbers."""
+    if first.accounting is None or last.accounting is None or first.accounting.ettr is None or \
+            last.accounting.ettr is None:
+        return "The runs cannot be compared: one of them has no accounting."
+
+    def lost(result: Soak) -> float:
+        assert result.accounting is not None
+        return sum(item.seconds_lost for item in result.accounting.recoveries)
+
+    def per_fault(result: Soak) -> float:
+        assert result.accounting is not None
+        return lost(result) / max(1, len(result.accounting.recoveries))
+
+    check = _checks(first)
+    advice = check.advice if check is not None else None
+    said = ""
+    if advice is not None and advice.cost_s is not None and advice.advised_s is not None and advice.mtbf_s:
+        said = (f"The first run's saves (examples/train.py writes a small JSON file) cost {advice.cost_s:.4f} s: at "
+                f"its mean time between faults of {advice.mtbf_s:.0f} s, Young-Daly advises {advice.advised_s:.2g} s "
+                "(a real model's save, seconds to minutes, is advised a longer interval). ")
+    less = per_fault(last) < per_fault(first)
+    return (f"{said}{last.options.label().capitalize()} against {first.options.label()}: "
+            f"{per_fault(last):.1f} s lost per recovery against {per_fault(first):.1f} s "
+            f"({lost(last):.1f} s over {len(last.accounting.recoveries)} against {lost(first):.1f} s over "
+            f"{len(first.accounting.recoveries)}), ETTR {last.accounting.ettr:.1%} against "
+            f"{first.accounting.ettr:.1%}: " + ("**it lost less**." if less else "**it did not lose less**."))
 
 
 def _run(result: Soak) -> list[str]:
