@@ -159,6 +159,34 @@ def test_the_record_keeps_the_faults_step_when_the_last_look_finds_no_later_one(
     assert heal.pending.last_step == 25
 
 
+def test_steps_reported_after_the_last_look_count_until_the_next_attempts_first_step(exporter: Exporter):
+    """A NaN seen at step 35, the attempt stopped; the last look sees 36, but the ranks' reports of 37-38
+    reach the exporter later (it serves a report a collector interval after it came; a lost node's peers
+    send theirs as they exit). The next attempt's checks read the ended attempt again: 8 steps lost from the
+    checkpoint at 30, in health.recovered and in the record the ledger reads."""
+    record = RunRecord(run_id=RUN, name="r", backend="local", max_attempts=3)
+    journal = Journal(PlainReporter(), record)
+    heal = Healing(HealthPolicy(check_interval_seconds=0.5, stacks=False), journal,
+                   lambda: [Target("head", exporter.server.url)])
+
+    submitted(journal, heal, 1)
+    exporter.steps(1, range(1, 35), checkpoint_at=30)
+    exporter.send({"kind": "progress", "submission_id": f"{RUN}-a1", "rank": 0, "time": time.time(), "step": 35,
+                   "loss": "NaN"})
+    assert checked(heal) is not None
+    exporter.steps(1, range(36, 37))
+    heal.last_look()
+    assert record.attempt(1).last_step == 36
+    exporter.steps(1, range(37, 39))  # late
+
+    submitted(journal, heal, 2)
+    exporter.steps(2, range(31, 40))
+    assert checked(heal) is None
+    [recovered] = [event for event in record.events if event.kind == "health.recovered"]
+    assert (recovered.details["steps_lost"], recovered.details["resumed_from"]) == (8, 30)
+    assert record.attempt(1).last_step == 38
+
+
 @pytest.mark.parametrize(("last", "resumed_from", "first", "lost"), [
     (35, 30, 31, 5),  # resumed where it was told
     (35, 30, None, 5),  # an exporter that does not serve the first step
