@@ -453,7 +453,7 @@ def _comparison(results: list[Soak]) -> str:
         f"{check.redone_ledger_s:.1f} / {check.redone_soak_s:.1f} (≤ {check.redone_tolerance_s:.1f} apart: "
         f"{_yes(check.redone_ok)})")
     row("checkpoint cost (measured)", lambda _, check: "—" if check is None or check.advice is None or
-        check.advice.cost_s is None else f"{check.advice.cost_s:.3f} s")
+        check.advice.cost_s is None else f"{check.advice.cost_s:.2g} s")
     row("advised interval (Young-Daly)", lambda _, check: _advised(check))
     row("expected loss: at the interval used / advised", lambda _, check: "—" if check is None or check.advice is None
         or check.advice.loss_used_s is None or check.advice.loss_advised_s is None else
@@ -481,7 +481,7 @@ def _versus(first: Soak, last: Soak) -> str:
     advice = check.advice if check is not None else None
     said = ""
     if advice is not None and advice.cost_s is not None and advice.advised_s is not None and advice.mtbf_s:
-        said = (f"The first run's saves (examples/train.py writes a small JSON file) cost {advice.cost_s:.4f} s: at "
+        said = (f"The first run's saves (examples/train.py writes a small JSON file) cost {advice.cost_s:.2g} s: at "
                 f"its mean time between faults of {advice.mtbf_s:.0f} s, Young-Daly advises {advice.advised_s:.2g} s "
                 "(a real model's save, seconds to minutes, is advised a longer interval). ")
     less = per_fault(last) < per_fault(first)
@@ -572,8 +572,7 @@ def _checks_text(result: Soak) -> list[str]:
                      f"from the run's creation to its end ({check.ledger.error:+.3%}, within "
                      f"{goodput.LEDGER_TOLERANCE:.0%}: {_yes(check.ledger.ok)}).")
     if check.advice is not None:
-        lines.append("The advice at the end: " + checkpoint_advice.describe(check.advice) +
-                     (f" (cost {check.advice.cost_s:.4f} s)" if check.advice.cost_s is not None else "") + ".")
+        lines.append("The advice at the end: " + checkpoint_advice.describe(check.advice) + ".")
     missed = check.failed()
     lines += ["", "Checks: " + ("**all met**." if not missed else "**missed**: " + "; ".join(missed) + "."), ""]
     return lines
