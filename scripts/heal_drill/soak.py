@@ -453,7 +453,7 @@ def _comparison(results: list[Soak]) -> str:
         f"{check.redone_ledger_s:.1f} / {check.redone_soak_s:.1f} (≤ {check.redone_tolerance_s:.1f} apart: "
         f"{_yes(check.redone_ok)})")
     row("checkpoint cost (measured)", lambda _, check: "—" if check is None or check.advice is None or
-        check.advice.cost_s is None else f"{check.advice.cost_s:.2g} s")
+        check.advice.cost_s is None else checkpoint_advice.seconds_text(check.advice.cost_s, whole_from=0.1))
     row("advised interval (Young-Daly)", lambda _, check: _advised(check))
     row("expected loss: at the interval used / advised", lambda _, check: "—" if check is None or check.advice is None
         or check.advice.loss_used_s is None or check.advice.loss_advised_s is None else
@@ -481,8 +481,10 @@ def _versus(first: Soak, last: Soak) -> str:
     advice = check.advice if check is not None else None
     said = ""
     if advice is not None and advice.cost_s is not None and advice.advised_s is not None and advice.mtbf_s:
-        said = (f"The first run's saves (examples/train.py writes a small JSON file) cost {advice.cost_s:.2g} s: at "
-                f"its mean time between faults of {advice.mtbf_s:.0f} s, Young-Daly advises {advice.advised_s:.2g} s "
+        advised = checkpoint_advice.seconds_text(advice.advised_s)
+        said = (f"The first run's saves (examples/train.py writes a small JSON file) cost "
+                f"{checkpoint_advice.seconds_text(advice.cost_s, whole_from=0.1)}: at its mean time between faults "
+                f"of {advice.mtbf_s:.0f} s, Young-Daly advises {advised} "
                 "(a real model's save, seconds to minutes, is advised a longer interval). ")
     less = per_fault(last) < per_fault(first)
     return (f"{said}{last.options.label().capitalize()} against {first.options.label()}: "
@@ -638,8 +640,8 @@ def _advised(check: goodput.Checks | None) -> str:
         return "—"
     if check.advice.advised_s is None:
         return check.advice.why or "—"
-    return f"{check.advice.advised_s:.1f} s (mean time between faults {check.advice.mtbf_s:.0f} s, " \
-           f"{check.advice.faults} faults)"
+    return f"{checkpoint_advice.seconds_text(check.advice.advised_s)} (mean time between faults " \
+           f"{check.advice.mtbf_s:.0f} s, {check.advice.faults} faults)"
 
 
 def _why(row: Row) -> str:
