@@ -126,11 +126,13 @@ class Options:
     def checkpoint_every(self) -> int:
         return max(1, round(self.checkpoint_seconds / self.step_seconds))
 
+    def every_steps(self) -> str:
+        return "every step" if self.checkpoint_every == 1 else f"every {self.checkpoint_every} steps"
+
     def label(self) -> str:
         """How the run checkpointed, for a heading: `checkpoints every 30 s`, or the advised interval's."""
-        steps = f"every {self.checkpoint_every} step{'s' if self.checkpoint_every > 1 else ''}"
         if self.advised_from:
-            return f"checkpoints at the advised interval ({self.checkpoint_seconds:.2g} s: {steps})"
+            return f"checkpoints at the advised interval ({self.checkpoint_seconds:.2g} s: {self.every_steps()})"
         return f"checkpoints every {self.checkpoint_seconds:g} s"
 
     def max_retries(self) -> int:
@@ -499,8 +501,9 @@ def _run(result: Soak) -> list[str]:
     options, accounting = result.options, result.accounting
     origin = accounting.start if accounting else 0.0
     lines = [f"### {options.label()[0].upper()}{options.label()[1:]}", "",
-             f"`{result.command}`, {result.started}: `{result.record.spec.get('entrypoint', '')}` (a checkpoint every "
-             f"{options.checkpoint_every} steps, {_checkpoint_pace(accounting, options)}); the 1-minute load "
+             f"`{result.command}`, {result.started}: `{result.record.spec.get('entrypoint', '')}` (a checkpoint "
+             f"{options.every_steps()}, "
+             f"{_checkpoint_pace(accounting, options)}); the 1-minute load "
              f"average through the run: {_load(result.load)}.", ""]
     if accounting is not None:
         launcher_ratio = next((event.details.get("effective_training_ratio") for event in reversed(result.record.events)
