@@ -121,10 +121,19 @@ rl-drill: install system-deps
 heal-drill: install system-deps
 	flock /tmp/raypulse-ray.lock $(PY) -m scripts.heal_drill --output docs/healing-drill.md
 
-# The healing soak (one 30-minute run of examples/train.py, a fault every 10 minutes, its effective
-# training time ratio): writes the Soak section of docs/healing-drill.md.
+# The healing soak (issue 38): two 40-minute runs of examples/train.py, a fault every 10 minutes, the first
+# checkpointing every 30 s, the second at the interval the first one's advice gave; their effective training
+# time ratios and the launcher's own accounts side by side in the Soak section of docs/healing-drill.md.
+# ARGS go to both runs (e.g. ARGS="--minutes 5 --fault-every 60"); the runs are kept under SOAK_DIR.
+SOAK_DIR ?= /tmp/raypulse-heal-soak
 heal-soak: install system-deps
-	flock /tmp/raypulse-ray.lock $(PY) -m scripts.heal_drill.soak --output docs/healing-drill.md $(ARGS)
+	rm -rf $(SOAK_DIR)/every-30 $(SOAK_DIR)/advised && mkdir -p $(SOAK_DIR)
+	flock /tmp/raypulse-ray.lock $(PY) -m scripts.heal_drill.soak --checkpoint-seconds 30 \
+		--workdir $(SOAK_DIR)/every-30 --json $(SOAK_DIR)/every-30.json $(ARGS)
+	flock /tmp/raypulse-ray.lock $(PY) -m scripts.heal_drill.soak --advised-from $(SOAK_DIR)/every-30.json \
+		--workdir $(SOAK_DIR)/advised --json $(SOAK_DIR)/advised.json $(ARGS)
+	$(PY) -m scripts.heal_drill.soak --from-json $(SOAK_DIR)/every-30.json $(SOAK_DIR)/advised.json \
+		--output docs/healing-drill.md
 
 # What the release workflow (.github/workflows/release.yml) does, short of publishing: sdist and wheel
 # built into a temporary directory, `twine check`, the workflow against its schema, and the version, the

@@ -173,19 +173,27 @@ def advise(record: RunRecord, *, cost_s: float | None = None, interval_s: float 
     return Advice(cost_s, interval_s, mtbf, rate.faults, redone, advised, loss_used, loss_advised)
 
 
+def seconds_text(value: float, whole_from: float = 10.0) -> str:
+    """Whole seconds from `whole_from` up, else two significant digits: a save of 0.0002 s and an advised
+    interval of 0.44 s (a toy job's) are not "0 s"."""
+    if value >= whole_from:
+        return f"{value:.0f} s" if whole_from >= 1 else f"{value:.1f} s"
+    return f"{value:.2g} s"
+
+
 def facts(advice: Advice) -> list[tuple[str, str]]:
     """The advice as (what, value) rows: the report's table, the summary's line."""
     if advice.why:
         return [("checkpoint advice", advice.why)]
-    used = f"{advice.interval_s:.0f} s" if advice.interval_s else "unknown (fewer than 2 saves seen)"
-    rows = [("checkpoint cost", f"{advice.cost_s:.1f} s"), ("interval used", used),
+    used = seconds_text(advice.interval_s) if advice.interval_s else "unknown (fewer than 2 saves seen)"
+    rows = [("checkpoint cost", seconds_text(advice.cost_s or 0.0, whole_from=0.1)), ("interval used", used),
             ("steps redone", f"{advice.redone_steps}"),
             ("mean time between faults", f"{advice.mtbf_s:.0f} s" + (f" ({advice.faults} faults)" if advice.faults else
                                                                       " (given)")),
-            ("Young-Daly interval", f"{advice.advised_s:.0f} s")]
+            ("Young-Daly interval", seconds_text(advice.advised_s or 0.0))]
     if advice.loss_used_s is not None and advice.loss_advised_s is not None:
-        rows.append(("expected loss", f"{advice.loss_used_s:.0f} s at the interval used, {advice.loss_advised_s:.0f} s "
-                                      "at the advised one"))
+        rows.append(("expected loss", f"{seconds_text(advice.loss_used_s)} at the interval used, "
+                                      f"{seconds_text(advice.loss_advised_s)} at the advised one"))
     if advice.too_rare:
         rows.append(("verdict", "checkpoints too rare for this fault rate"))
     return rows

@@ -26,8 +26,8 @@ from typing import Any
 from exporter.contract import wire
 from launcher import checkpoint_advice
 from launcher.health import stacks
-from launcher.health.exporters import TargetSource
-from launcher.health.faults import Attempt, Fault, Progress
+from launcher.health.exporters import NodeRead, TargetSource
+from launcher.health.faults import Attempt, Fault, Progress, progress
 from launcher.health.fleet import FleetReader
 from launcher.health.policy import FaultClass, HealthPolicy
 from launcher.health.promql import PromqlReader
@@ -52,6 +52,8 @@ class Pending:
     fault: Fault
     decided_at: float
     made: int | None = None  # the newest step the ranks reported, read once more after the attempt ended
+    attempt: int | None = None  # the attempt it ended, and its submission (the last look sets them)
+    submission_id: str | None = None
 
     @property
     def last_step(self) -> int | None:
@@ -352,6 +354,8 @@ class Healing:
         pending, attempt = self.pending, self.watcher.attempt
         if pending is None or attempt is None or not self.policy.enabled:
             return
+        pending.attempt, pending.submission_id = attempt.number, attempt.submission_id
+        seen = None
         try:
             with self._checking:
                 before = self.watcher.last
@@ -361,14 +365,26 @@ class Healing:
                     self.watcher.last = before
         except Exception as exc:  # noqa: BLE001 - as in check(): the fault's own step stands
             self._say_check_failed(f"{type(exc).__name__}: {exc}")
-            return
-        made = seen.newest_step if seen is not None else None
-        if made is None or (pending.fault.last_step is not None and made <= pending.fault.last_step):
-            return
-        pending.made = made
-        item = self.record.attempt(attempt.number)
-        if item is not None and (item.last_step is None or made > item.last_step):
-            item.last_step = made
+        self._keep_made(pending, seen.newest_step if seen is not None else None)
+
+    def _keep_made(self, pending: Pending, made: int | None) -> None:
+        """A newer step of the attempt the fault ended, into the pending fault and the record; the record's step
+        also when it is the fault's: a fault found after the attempt failed on its own (a lost node) comes from
+        a check of its own, which may have seen steps the attempt's last check did not."""
+        if made is not None and (pending.last_step is None or made > pending.last_step):
+            pending.made = made
+        item = self.record.attempt(pending.attempt) if pending.attempt is not None else None
+        last = pending.last_step
+        if item is not None and last is not None and (item.last_step is None or last > item.last_step):
+            item.last_step = last
+
+    def _late_steps(self, reads: list[NodeRead]) -> None:
+        """Until the next attempt's first step ends the recovery, each check reads the ended attempt's newest
+        step again: an exporter serves a report a collector interval after it came, and a lost node's peers
+        send their last ones as they exit, after the last look (the exporters keep serving that attempt)."""
+        pending = self.pending
+        if pending is not None and pending.submission_id is not None and pending.fault is not self.stopped_by:
+            self._keep_made(pending, progress([read for read in reads if read.ok], pending.submission_id).newest_step)
 
     def repeated(self, fault: Fault | None, failed: AttemptRecord | None) -> str | None:
         """Why retrying would not help: the same fault (or the same failure) twice in a row, with no
@@ -413,6 +429,7 @@ class Healing:
         try:
             if result.progress is not None and result.progress.step:  # a job that reports no steps: its silence
                 self._note_thresholds(attempt)
+            self._late_steps(result.reads)
             self._note_progress(attempt, result.progress, result.threshold)
         except Exception as exc:  # noqa: BLE001 - the faults below matter more than the books
             self._say_check_failed(f"{type(exc).__name__}: {exc}")

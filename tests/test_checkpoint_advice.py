@@ -93,6 +93,16 @@ def test_a_given_mtbf_advises_and_flags_checkpoints_too_rare():
     assert "checkpoints too rare" in text
 
 
+def test_a_toy_jobs_sub_second_save_and_interval_are_not_said_as_0_s():
+    run = _run("r", [(0, 1200), (1200, 2400), (2400, 3600)], steps=[(None, 1200), (1170, 2370), (2340, 3540)])
+    got = advice.advise(run, cost_s=0.00016, interval_s=30.0, mtbf_s=600.0)
+    text = advice.describe(got)
+    assert "checkpoint cost 0.00016 s" in text
+    assert "Young-Daly interval 0.44 s" in text
+    assert "interval used 30 s" in text
+    assert "checkpoint cost 8.0 s" in advice.describe(advice.advise(run, cost_s=8.0, interval_s=30.0, mtbf_s=600.0))
+
+
 def test_the_digest_carries_the_slowest_save_the_newest_and_the_count_and_an_old_one_parses():
     labels = [{"submission_id": "sub", "rank": str(rank)} for rank in (0, 1)]
     made = digest.build([(digest.CHECKPOINT_SECONDS, labels[0], 4.0), (digest.CHECKPOINT_SECONDS, labels[1], 6.5),

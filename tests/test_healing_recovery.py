@@ -23,8 +23,9 @@ from exporter.framework.snapshot import SampleSink
 from exporter.progress.store import ProgressStore, parse_batch
 from exporter.serving.exposition import Format, encode
 from launcher.display import PlainReporter
-from launcher.healing import Healing
+from launcher.healing import Healing, Pending
 from launcher.health.exporters import Target
+from launcher.health.faults import Fault
 from launcher.health.policy import FaultClass, HealthPolicy
 from launcher.journal import Journal
 from launcher.ledger import steps_lost
@@ -135,6 +136,55 @@ def test_steps_the_ranks_made_after_the_fault_was_seen_are_redone_too(exporter: 
     assert checked(heal) is None
     [recovered] = [event for event in record.events if event.kind == "health.recovered"]
     assert (recovered.details["steps_lost"], recovered.details["resumed_from"]) == (8, 30)
+
+
+def test_the_record_keeps_the_faults_step_when_the_last_look_finds_no_later_one(exporter: Exporter):
+    """A lost node found by a check of its own after the attempt failed (fault_after_failure) saw step 25,
+    where the attempt's last check saw 20; the last look finds no later step: the record's last step is the
+    fault's, so the ledger counts redone steps from where health.recovered does."""
+    record = RunRecord(run_id=RUN, name="r", backend="local", max_attempts=3)
+    journal = Journal(PlainReporter(), record)
+    heal = Healing(HealthPolicy(check_interval_seconds=0.5, stacks=False), journal,
+                   lambda: [Target("head", exporter.server.url)])
+
+    submitted(journal, heal, 1)
+    exporter.steps(1, range(1, 21), checkpoint_at=15)
+    assert checked(heal) is None
+    assert record.attempt(1).last_step == 20
+    exporter.steps(1, range(21, 26))  # made before the node was lost; no check of the attempt saw them
+    heal.pending = Pending(Fault(FaultClass.NODE_LOST, "node lost (w1)", time.time(), "node:w1", "w1", True, 25, {}),
+                           time.time())
+    heal.last_look()
+    assert record.attempt(1).last_step == 25
+    assert heal.pending.last_step == 25
+
+
+def test_steps_reported_after_the_last_look_count_until_the_next_attempts_first_step(exporter: Exporter):
+    """A NaN seen at step 35, the attempt stopped; the last look sees 36, but the ranks' reports of 37-38
+    reach the exporter later (it serves a report a collector interval after it came; a lost node's peers
+    send theirs as they exit). The next attempt's checks read the ended attempt again: 8 steps lost from the
+    checkpoint at 30, in health.recovered and in the record the ledger reads."""
+    record = RunRecord(run_id=RUN, name="r", backend="local", max_attempts=3)
+    journal = Journal(PlainReporter(), record)
+    heal = Healing(HealthPolicy(check_interval_seconds=0.5, stacks=False), journal,
+                   lambda: [Target("head", exporter.server.url)])
+
+    submitted(journal, heal, 1)
+    exporter.steps(1, range(1, 35), checkpoint_at=30)
+    exporter.send({"kind": "progress", "submission_id": f"{RUN}-a1", "rank": 0, "time": time.time(), "step": 35,
+                   "loss": "NaN"})
+    assert checked(heal) is not None
+    exporter.steps(1, range(36, 37))
+    heal.last_look()
+    assert record.attempt(1).last_step == 36
+    exporter.steps(1, range(37, 39))  # late
+
+    submitted(journal, heal, 2)
+    exporter.steps(2, range(31, 40))
+    assert checked(heal) is None
+    [recovered] = [event for event in record.events if event.kind == "health.recovered"]
+    assert (recovered.details["steps_lost"], recovered.details["resumed_from"]) == (8, 30)
+    assert record.attempt(1).last_step == 38
 
 
 @pytest.mark.parametrize(("last", "resumed_from", "first", "lost"), [

@@ -1,15 +1,25 @@
-"""The healing soak (`make heal-soak`): one long run of examples/train.py on a local cluster with
-simulated GPUs, a fault every --fault-every seconds (hang, XID 79, a killed node, a NaN loss), and
-what the run's effective training time ratio came to (scripts/heal_drill/ettr.py) against the goal.
+"""The healing soak (`make heal-soak`): a long run of examples/train.py on a local cluster with simulated
+GPUs, a fault every --fault-every seconds (hang, XID 79, a killed node, a NaN loss), what the run's
+effective training time ratio came to (scripts/heal_drill/ettr.py), and issue 38's checks of the
+launcher's own accounts (scripts/heal_drill/goodput.py: the ledger, redone steps, the launcher's part
+of each fault, the hang's threshold, the checkpoint advice). `make heal-soak` makes two runs, the
+second at the checkpoint interval the first one's advice gave, and renders them side by side:
 
-    flock /tmp/raypulse-ray.lock python -m scripts.heal_drill.soak --output docs/healing-drill.md
+    flock /tmp/raypulse-ray.lock python -m scripts.heal_drill.soak --checkpoint-seconds 30 \
+        --workdir /tmp/soak-30 --json /tmp/soak-30.json
+    flock /tmp/raypulse-ray.lock python -m scripts.heal_drill.soak --advised-from /tmp/soak-30.json \
+        --workdir /tmp/soak-advised --json /tmp/soak-advised.json
+    python -m scripts.heal_drill.soak --from-json /tmp/soak-30.json /tmp/soak-advised.json \
+        --output docs/healing-drill.md
     flock /tmp/raypulse-ray.lock python -m scripts.heal_drill.soak --minutes 5 --fault-every 60 --seed 3
 
-The run is the product as it ships (launcher.submit, the default health policy and retry settings)
-with hang_after_seconds 60 and enough max_retries for its faults. The drill's fault injection is
-reused (scripts/heal_drill/run.py). The soak keeps the run's directory (its record and recording)
-under --workdir, and writes its "Soak" section into --output, leaving the rest of that file as it is.
-Must run under `flock /tmp/raypulse-ray.lock` (it starts Ray).
+The run is the product as it ships (launcher.submit, the default health policy with its adaptive hang
+threshold, the default retry settings), with enough max_retries for its faults. The drill's fault
+injection is reused (scripts/heal_drill/run.py). The soak keeps the run's directory (its record and
+recording) under --workdir (a fresh one: the advice pools the faults of every run under it), writes
+its --json before anything else, and its "Soak" section into --output, leaving the rest of that file
+as it is. Running a soak must be under `flock /tmp/raypulse-ray.lock` (it starts Ray); --from-json
+starts nothing.
 """
 
 from __future__ import annotations
@@ -35,11 +45,14 @@ import psutil
 
 import launcher
 from exporter.contract import wire
+from launcher import checkpoint_advice
 from launcher.health.exporters import fetch_metrics
 from launcher.health.policy import HealthPolicy
+from launcher.health.threshold import FLOOR_S, MIN_INTERVALS
+from launcher.health.threshold import K as THRESHOLD_K
 from launcher.spec import JobSpec
 from launcher.state import AttemptRecord, RunRecord
-from scripts.heal_drill import ettr
+from scripts.heal_drill import ettr, goodput
 from scripts.heal_drill.report import replace_section
 from scripts.heal_drill.run import inject_xid, kill_node
 from scripts.ports import free_port_range
@@ -48,8 +61,9 @@ TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 KINDS = ("hang", "xid-79", "node-killed", "nan-loss")
 FAULT_CLASS = {"hang": "hang", "xid-79": "gpu_fault", "node-killed": "node_lost", "nan-loss": "nonfinite_loss"}
 WORKERS = ("workers-1", "workers-2")
-HANG_AFTER_S = 60.0
-STEP_S = 0.5  # train.py's --step-seconds: the forward and backward pass it stands in for
+HANG_MARGIN_S = FLOOR_S + 60.0  # a hang is injected only this long before the end: judged at the floor, then healed
+MINUTES = 40.0  # issue 38: at least 40 minutes, so that every fault kind comes
+STEP_S = 1.0  # train.py's --step-seconds: the forward and backward pass it stands in for
 CHECKPOINT_S = 30.0  # a checkpoint every this many seconds of steps (--checkpoint-every in steps)
 GOAL_RATIO = 0.97  # GPU fault, lost node, NaN: at most 3% of a fault's slot lost (18 s of 10 minutes)
 HANG_SLACK_S = 30.0  # a hang: at most the hang threshold plus this lost
@@ -99,17 +113,27 @@ class Injected:
 
 @dataclass
 class Options:
-    minutes: float = 30.0
+    minutes: float = MINUTES
     fault_every: float = 600.0
     seed: int = 0
     step_seconds: float = STEP_S
     checkpoint_seconds: float = CHECKPOINT_S
     retry_backoff: float | None = None  # None: the product's default
+    advised_from: str | None = None  # the earlier soak (its --json) whose advised interval this one uses
     workdir: Path = field(default_factory=lambda: Path(f"/tmp/heal-soak-{time.strftime('%Y%m%d-%H%M%S')}"))
 
     @property
     def checkpoint_every(self) -> int:
         return max(1, round(self.checkpoint_seconds / self.step_seconds))
+
+    def every_steps(self) -> str:
+        return "every step" if self.checkpoint_every == 1 else f"every {self.checkpoint_every} steps"
+
+    def label(self) -> str:
+        """How the run checkpointed, for a heading: `checkpoints every 30 s`, or the advised interval's."""
+        if self.advised_from:
+            return f"checkpoints at the advised interval ({self.checkpoint_seconds:.2g} s: {self.every_steps()})"
+        return f"checkpoints every {self.checkpoint_seconds:g} s"
 
     def max_retries(self) -> int:
         return min(100, int(self.minutes * 60 // self.fault_every) + 2)
@@ -135,7 +159,6 @@ def spec(options: Options) -> dict[str, Any]:
     return {"name": "heal-soak", "entrypoint": command, "working_dir": str(TRAIN.parent),
             "worker_groups": [{"count": 2, "cpus": 1, "gpus": 1}], "simulate_gpus": True,
             "max_retries": options.max_retries(), "exporter_port": base, "progress_port": base + 1,
-            "health": {"hang_after_seconds": HANG_AFTER_S},
             **({} if options.retry_backoff is None else {"retry_backoff_seconds": options.retry_backoff})}
 
 
@@ -279,7 +302,7 @@ def soak(options: Options, command: str, log: Callable[[str], None] = print) -> 
                 entry = Injected(planned.index, planned.kind, planned.node, first + planned.offset)
                 injected.append(entry)
                 wait_until(entry.planned_at)
-                margin = (HANG_AFTER_S if planned.kind == "hang" else 0) + 60
+                margin = HANG_MARGIN_S if planned.kind == "hang" else 60.0
                 hit = max((entry.attempt or 0 for entry in injected), default=0)  # one fault per attempt
                 ready = functools.partial(_ready, handle.record, options.checkpoint_seconds, hit)
                 item = ready() if wait_until(end - margin, ready) else None
@@ -345,7 +368,8 @@ def rows(result: Soak) -> list[Row]:
         if entry.at is None:
             continue
         recovery = recoveries.get(entry.attempt) if entry.attempt is not None else None
-        limit = (HANG_AFTER_S + HANG_SLACK_S) if entry.kind == "hang" else \
+        threshold = goodput.hang_threshold(result.record, entry.attempt) if entry.attempt is not None else None
+        limit = ((threshold or FLOOR_S) + HANG_SLACK_S) if entry.kind == "hang" else \
             (1 - GOAL_RATIO) * result.options.fault_every
         met = None if recovery is None else recovery.seconds_lost <= limit
         found.append(Row(entry, recovery, limit, met))
@@ -363,35 +387,124 @@ def _after(at: float | None, since: float | None) -> str:
     return "" if at is None or since is None else f" (+{at - since:.1f} s)"
 
 
-def render(result: Soak) -> str:
-    options, accounting = result.options, result.accounting
-    origin = accounting.start if accounting else 0.0
+def render(results: list[Soak]) -> str:
+    """The Soak section: how the runs were made (the first one's settings), the runs side by side, then each
+    run's faults and checks."""
+    first = results[0]
+    options = first.options
     policy = HealthPolicy()
     run_spec = JobSpec.model_fields
+    commands = "; then ".join(f"`{result.command}` ({result.started})" for result in results)
     lines = [
         SECTION, "",
-        "<!-- Written by `make heal-soak` (python -m scripts.heal_drill.soak --output docs/healing-drill.md); "
-        "do not edit. -->", "",
-        f"Run {result.started}: `{result.command}`. The machine: {os.cpu_count()} cores shared with other "
-        f"work (the 1-minute load average through the run: {_load(result.load)}).", "",
-        f"One run of `examples/train.py` (`{result.record.spec.get('entrypoint', '')}`: two data-parallel ranks, one "
-        f"per worker node, each on a simulated GPU; a checkpoint every {options.checkpoint_every} steps of "
-        f"{options.step_seconds:g} s, {_checkpoint_pace(accounting, options)}, resuming from RAYPULSE_RESUME_FROM) "
+        "<!-- Written by `make heal-soak` (python -m scripts.heal_drill.soak --from-json ... --output "
+        "docs/healing-drill.md); do not edit. -->", "",
+        f"Runs: {commands}. The machine: {os.cpu_count()} cores shared with other work.", "",
+        f"Each run is one run of `examples/train.py` (`python train.py --workers 2 --steps 1000000 --step-seconds "
+        f"{options.step_seconds:g} --checkpoint-every N`: two data-parallel ranks, one per worker node, each on a "
+        "simulated GPU, resuming from RAYPULSE_RESUME_FROM; a save is timed by `progress.checkpoint(...)`) "
         "on a local cluster started by `launcher submit` (a head and two workers with one simulated GPU each, "
         f"one exporter per node), for {options.minutes:g} minutes after its first step; then the soak stopped it. "
         f"The health policy is the product's defaults (a check every {policy.check_interval_seconds:g} s, every "
-        f"action restart) except `hang_after_seconds: {HANG_AFTER_S:g}` (default "
-        f"{policy.hang_after_seconds:g}); {_retries(options, run_spec)}", "",
+        f"action restart, the adaptive hang threshold: {THRESHOLD_K:g} x the p99 step interval once "
+        f"{MIN_INTERVALS} checks advanced, at least {FLOOR_S:g} s, at most `hang_after_seconds` "
+        f"{policy.hang_after_seconds:g} s); {_retries(options, run_spec)}", "",
         f"Faults: one per {options.fault_every:g} s slot after the first step, at a point drawn between 20% and 50% "
         f"into the slot; the kinds are dealt in blocks of four, each a shuffle of hang / XID 79 / node killed / "
         f"NaN drawn with `random.Random(seed)` (seed {options.seed}), so every kind comes once in every four faults "
         f"(a run of {4 * options.fault_every / 60:g} minutes or more has them all); node faults take workers-1 and "
-        f"workers-2 in turn. A fault waits until the run has made progress for {options.checkpoint_seconds:g} s "
-        "since its last recovery. Hang: SIGSTOP to every rank; XID 79: an XID event on the worker's simulated GPU "
+        "workers-2 in turn. A fault waits until the run has made progress for one checkpoint interval since its "
+        "last recovery. Hang: SIGSTOP to every rank; XID 79: an XID event on the worker's simulated GPU "
         "(the drill's injection); node killed: SIGKILL to the worker's whole Ray node (the drill's); NaN: a NaN "
         "loss reported in rank 0's name to its node's progress endpoint, with the attempt's token (what a "
         "diverging rank sends; train.py's own loss stays finite).", "",
+        "ETTR = time making progress that was kept / wall time after the first step (scripts/heal_drill/ettr.py, "
+        "the soak's own count from the ranks' reports: a save counts as training time). The ledger: the "
+        "launcher's split of the run's whole wall time, from its creation (cluster start included) to its end, "
+        "as `run.finished` kept it (`seconds_by_cause`, launcher/ledger.py); its productive share has the saves "
+        "(checkpoint stall) taken out. Steps kept: the steps no rollback threw away, per hour of the window. "
+        "The advice: launcher/checkpoint_advice.py at the run's end (what `launcher submit` prints), from the "
+        "measured save cost and the run's own fault rate.", "",
+        _comparison(results), "",
+        *([_versus(results[0], results[-1]), ""] if len(results) > 1 else []),
     ]
+    for result in results:
+        lines += _run(result)
+    return "\n".join(lines)
+
+
+def _comparison(results: list[Soak]) -> str:
+    """The runs side by side."""
+    header = "| | " + " | ".join(result.options.label() for result in results) + " |"
+    table = [header, "|---|" + "---|" * len(results)]
+    found = [(result, _checks(result)) for result in results]
+
+    def row(label: str, cell: Callable[[Soak, goodput.Checks | None], str]) -> None:
+        table.append(f"| {label} | " + " | ".join(cell(result, check) for result, check in found) + " |")
+
+    row("checkpoint interval as it ran", lambda result, _: _checkpoint_pace(result.accounting, result.options))
+    row("**ETTR** (the soak's)", lambda result, _: f"**{result.accounting.ettr:.1%}**"
+        if result.accounting and result.accounting.ettr is not None else "—")
+    row("steps kept per hour", lambda result, _: _steps_per_hour(result))
+    row("faults injected / healed", lambda result, check: f"{sum(1 for e in result.injected if e.at is not None)} / "
+        f"{len(check.faults) if check else 0}")
+    row("lost to recoveries: redone + down", lambda result, _: _lost(result))
+    row("ledger: productive share of the wall time", lambda _, check: _share(check))
+    row("ledger: causes' sum vs wall time", lambda _, check: _ledger_sum(check))
+    row("redone seconds: ledger / soak", lambda _, check: "—" if check is None or check.redone_ledger_s is None else
+        f"{check.redone_ledger_s:.1f} / {check.redone_soak_s:.1f} (≤ {check.redone_tolerance_s:.1f} apart: "
+        f"{_yes(check.redone_ok)})")
+    row("checkpoint cost (measured)", lambda _, check: "—" if check is None or check.advice is None or
+        check.advice.cost_s is None else checkpoint_advice.seconds_text(check.advice.cost_s, whole_from=0.1))
+    row("advised interval (Young-Daly)", lambda _, check: _advised(check))
+    row("expected loss: at the interval used / advised", lambda _, check: "—" if check is None or check.advice is None
+        or check.advice.loss_used_s is None or check.advice.loss_advised_s is None else
+        f"{check.advice.loss_used_s:.0f} s / {check.advice.loss_advised_s:.0f} s")
+    row("issue 38's checks", lambda _, check: "—" if check is None else
+        ("all met" if not check.failed() else f"**{len(check.failed())} missed**"))
+    return "\n".join(table)
+
+
+def _versus(first: Soak, last: Soak) -> str:
+    """Whether the later run (the advised interval) lost less than the first, in the runs' own numbers."""
+    if first.accounting is None or last.accounting is None or first.accounting.ettr is None or \
+            last.accounting.ettr is None:
+        return "The runs cannot be compared: one of them has no accounting."
+
+    def lost(result: Soak) -> float:
+        assert result.accounting is not None
+        return sum(item.seconds_lost for item in result.accounting.recoveries)
+
+    def per_fault(result: Soak) -> float:
+        assert result.accounting is not None
+        return lost(result) / max(1, len(result.accounting.recoveries))
+
+    check = _checks(first)
+    advice = check.advice if check is not None else None
+    said = ""
+    if advice is not None and advice.cost_s is not None and advice.advised_s is not None and advice.mtbf_s:
+        advised = checkpoint_advice.seconds_text(advice.advised_s)
+        said = (f"The first run's saves (examples/train.py writes a small JSON file) cost "
+                f"{checkpoint_advice.seconds_text(advice.cost_s, whole_from=0.1)}: at its mean time between faults "
+                f"of {advice.mtbf_s:.0f} s, Young-Daly advises {advised} "
+                "(a real model's save, seconds to minutes, is advised a longer interval). ")
+    less = per_fault(last) < per_fault(first)
+    return (f"{said}{last.options.label().capitalize()} against {first.options.label()}: "
+            f"{per_fault(last):.1f} s lost per recovery against {per_fault(first):.1f} s "
+            f"({lost(last):.1f} s over {len(last.accounting.recoveries)} against {lost(first):.1f} s over "
+            f"{len(first.accounting.recoveries)}), ETTR {last.accounting.ettr:.1%} against "
+            f"{first.accounting.ettr:.1%}: " + ("**it lost less**." if less else "**it did not lose less**."))
+
+
+def _run(result: Soak) -> list[str]:
+    """One run's subsection: its command, ETTR, the faults and what each cost, the checks."""
+    options, accounting = result.options, result.accounting
+    origin = accounting.start if accounting else 0.0
+    lines = [f"### {options.label()[0].upper()}{options.label()[1:]}", "",
+             f"`{result.command}`, {result.started}: `{result.record.spec.get('entrypoint', '')}` (a checkpoint "
+             f"{options.every_steps()}, "
+             f"{_checkpoint_pace(accounting, options)}); the 1-minute load "
+             f"average through the run: {_load(result.load)}.", ""]
     if accounting is not None:
         launcher_ratio = next((event.details.get("effective_training_ratio") for event in reversed(result.record.events)
                                if event.kind == "run.finished"), None)
@@ -401,13 +514,10 @@ def render(result: Soak) -> str:
             f"{len(accounting.recoveries)} recoveries, {accounting.tail_seconds:.1f} s after the last step). "
             f"The launcher's own `effective_training_ratio` at the end: {_ratio(launcher_ratio)} (its wall time "
             "starts when the run is created, before the cluster is up).", "",
-            "ETTR = time making progress that was kept / wall time after the first step (scripts/heal_drill/ettr.py). "
-            "Kept: walking back from the last attempt, each attempt keeps its steps up to the step the attempt "
-            "after it resumed from (all of them, for the last); a step's time is when its ranks reported it "
-            "(the run's recording and record). A recovery's seconds lost = redone (the time of the steps past "
-            "the checkpoint it resumed from) + down (from the last step to the new attempt's first step, less one "
-            "step's time: detection, stopping, a node replaced, the backoff, the new attempt's start). Kept + lost "
-            "= wall time. Times are minutes:seconds after the first step.", "",
+            "A recovery's seconds lost = redone (the time of the steps past the checkpoint it resumed from) + down "
+            "(from the last step to the new attempt's first step, less one step's time: detection, stopping, a node "
+            "replaced, the backoff, the new attempt's start). Kept + lost = wall time. Times are minutes:seconds "
+            "after the first step.", "",
             "| # | fault | injected at | detected at | attempt ended at | next attempt's first step at | steps lost "
             "| seconds lost (redone + down) | goal | met |",
             "|---|---|---|---|---|---|---|---|---|---|",
@@ -429,9 +539,112 @@ def render(result: Soak) -> str:
         lines += [""] + [f"- {_why(row)}" for row in rows(result) if row.recovery is not None]
         lines += [f"- Fault {entry.index} ({entry.kind}): {entry.note}." for entry in result.injected if entry.note]
         lines += ["", _verdict(result), ""]
+        lines += _checks_text(result)
     if result.error:
         lines += [f"The soak did not go as planned: {result.error}.", ""]
-    return "\n".join(lines)
+    return lines
+
+
+def _checks_text(result: Soak) -> list[str]:
+    """Issue 38's checks of the launcher's own accounts (scripts/heal_drill/goodput.py)."""
+    check = _checks(result)
+    if check is None:
+        return []
+    lines = [f"The launcher's accounts (issue 38): the launcher's part of a fault = detect + stop + provision + "
+             f"startup (from the fault, or the last step when steps were made after it, to the work of the new "
+             f"attempt's first step, less the retry backoff), at most "
+             f"{goodput.LAUNCHER_PART_S:g} s for a lost node or an XID and the threshold in force + "
+             f"{goodput.LAUNCHER_PART_S:g} s for a hang; steps lost as the launcher said them (`health.recovered`) "
+             "against the soak's count, within one step.", "",
+             "| # | fault | launcher's part | bound | met | steps lost: launcher / soak | agree | hang: threshold in "
+             "force, quiet when judged, judged after the last step |",
+             "|---|---|---|---|---|---|---|---|"]
+    for fault in check.faults:
+        hang = "—"
+        if fault.kind == "hang":
+            hang = (f"{_dash(fault.threshold_s)} s ({fault.threshold_rule}: {fault.threshold_basis}), quiet "
+                    f"{_dash(fault.quiet_s)} s, judged {_num(fault.judged_after_last_step_s)} s after the last step "
+                    f"(≤ {goodput.HANG_JUDGED_S:g} s: {_yes(fault.hang_ok)})")
+        bound = "—" if fault.bound_s is None else f"≤ {fault.bound_s:.1f} s"
+        lines.append(f"| {fault.index} | {fault.kind} (attempt {fault.attempt}) | {fault.launcher_s:.1f} s | {bound} | "
+                     f"{_yes(fault.part_ok)} | {_num(fault.steps_launcher)} / {_dash(fault.steps_soak)} | "
+                     f"{_yes(fault.steps_agree)} | {hang} |")
+    lines.append("")
+    if check.ledger is not None:
+        ledger = check.ledger
+        split = ", ".join(f"{cause.replace('_', ' ')} {seconds:.1f} s" for cause, seconds in ledger.seconds.items())
+        lines.append(f"The ledger (`run.finished`): {split}; sum {ledger.total:.1f} s against {ledger.wall:.1f} s "
+                     f"from the run's creation to its end ({check.ledger.error:+.3%}, within "
+                     f"{goodput.LEDGER_TOLERANCE:.0%}: {_yes(check.ledger.ok)}).")
+    if check.advice is not None:
+        lines.append("The advice at the end: " + checkpoint_advice.describe(check.advice) + ".")
+    missed = check.failed()
+    lines += ["", "Checks: " + ("**all met**." if not missed else "**missed**: " + "; ".join(missed) + "."), ""]
+    return lines
+
+
+def _checks(result: Soak) -> goodput.Checks | None:
+    if result.accounting is None:
+        return None
+    faults = [(entry.index, entry.kind, entry.attempt, entry.at) for entry in result.injected
+              if entry.at is not None and entry.attempt is not None]
+    return goodput.checks(result.record, result.accounting, faults, _past(result))
+
+
+def _past(result: Soak) -> checkpoint_advice.FaultRate:
+    """The faults of the other finished runs under the soak's $RAYPULSE_HOME, which the launcher's own advice
+    pools with the run's (none, for a soak in a fresh --workdir)."""
+    others = sorted(path for path in result.run_dir.parent.glob("*/run.json") if path.parent != result.run_dir)
+    records = [RunRecord.model_validate_json(path.read_text()) for path in others]
+    return checkpoint_advice.past_faults(records, result.record.run_id)
+
+
+def _yes(value: bool | None) -> str:
+    return "—" if value is None else ("yes" if value else "**no**")
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}".removesuffix(".0")
+
+
+def _steps_per_hour(result: Soak) -> str:
+    accounting = result.accounting
+    if accounting is None or not accounting.wall_seconds:
+        return "—"
+    steps = sum(item.last_step - item.first_step + 1 for item in accounting.kept)
+    return f"{steps * 3600 / accounting.wall_seconds:,.0f} ({steps} in {accounting.wall_seconds:.0f} s)"
+
+
+def _lost(result: Soak) -> str:
+    accounting = result.accounting
+    if accounting is None:
+        return "—"
+    redone = sum(item.redone_seconds for item in accounting.recoveries)
+    down = sum(item.down_seconds for item in accounting.recoveries)
+    return f"{redone + down:.1f} s = {redone:.1f} + {down:.1f}"
+
+
+def _share(check: goodput.Checks | None) -> str:
+    if check is None or check.ledger is None or not check.ledger.wall:
+        return "—"
+    return f"{check.ledger.seconds.get('productive', 0.0) / check.ledger.wall:.1%} (stall " \
+           f"{check.ledger.seconds.get('checkpoint_stall', 0.0):.1f} s)"
+
+
+def _ledger_sum(check: goodput.Checks | None) -> str:
+    if check is None or check.ledger is None:
+        return "—"
+    ledger = check.ledger
+    return f"{ledger.total:.1f} s / {ledger.wall:.1f} s ({ledger.error:+.3%}: {_yes(ledger.ok)})"
+
+
+def _advised(check: goodput.Checks | None) -> str:
+    if check is None or check.advice is None:
+        return "—"
+    if check.advice.advised_s is None:
+        return check.advice.why or "—"
+    return f"{checkpoint_advice.seconds_text(check.advice.advised_s)} (mean time between faults " \
+           f"{check.advice.mtbf_s:.0f} s, {check.advice.faults} faults)"
 
 
 def _why(row: Row) -> str:
@@ -481,7 +694,7 @@ def _verdict(result: Soak) -> str:
     missed = [row for row in found if not row.met]
     parts = [f"Goal (≥ {GOAL_RATIO:.0%} per slot for a GPU fault, a lost node or a NaN, i.e. at most "
              f"{(1 - GOAL_RATIO) * result.options.fault_every:g} s lost per fault; a hang at most its threshold + "
-             f"{HANG_SLACK_S:g} s = {HANG_AFTER_S + HANG_SLACK_S:g} s): "
+             f"{HANG_SLACK_S:g} s): "
              + ("**met** for every fault." if not missed else
                 f"**not met** for {len(missed)} of {len(found)} faults "
                 f"({', '.join(str(row.injected.index) for row in missed)}).")]
@@ -558,7 +771,25 @@ def to_json(result: Soak) -> str:
         if accounting else [],
         "rows": [{"index": row.injected.index, "kind": row.injected.kind, "limit": row.limit, "met": row.met}
                  for row in rows(result)],
+        **_checks_json(result),
     }, indent=2)
+
+
+def _checks_json(result: Soak) -> dict[str, Any]:
+    """Issue 38's checks and the advice, for a reader of the JSON (`--advised-from` reads the advice)."""
+    try:
+        check = _checks(result)
+    except (OSError, ValueError) as exc:
+        return {"checks_error": f"{type(exc).__name__}: {exc}"}
+    if check is None:
+        return {}
+    return {"advice": asdict(check.advice) if check.advice else None,
+            "ledger": asdict(check.ledger) | {"total": check.ledger.total, "error": check.ledger.error}
+            if check.ledger else None,
+            "faults": [asdict(fault) for fault in check.faults],
+            "redone": {"ledger_s": check.redone_ledger_s, "soak_s": check.redone_soak_s,
+                       "tolerance_s": check.redone_tolerance_s},
+            "missed": check.failed()}
 
 
 def from_json(path: Path) -> Soak:
@@ -574,33 +805,65 @@ def from_json(path: Path) -> Soak:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.heal_drill.soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=30.0, help="the window after the first step [30]")
+    parser.add_argument("--minutes", type=float, default=MINUTES, help=f"the window after the first step [{MINUTES:g}]")
     parser.add_argument("--fault-every", type=float, default=600.0, help="seconds per fault slot [600]")
     parser.add_argument("--seed", type=int, default=0, help="draws the faults' kinds and times [0]")
+    parser.add_argument("--step-seconds", type=float, default=STEP_S, help=f"one training step's seconds [{STEP_S:g}]")
+    parser.add_argument("--checkpoint-seconds", type=float, default=CHECKPOINT_S,
+                        help=f"a checkpoint every this many seconds of steps [{CHECKPOINT_S:g}]")
+    parser.add_argument("--advised-from", type=Path, metavar="JSON",
+                        help="checkpoint at the interval advised at the end of an earlier soak (its --json)")
     parser.add_argument("--retry-backoff", type=float, help="the run's retry_backoff_seconds [the default, 10]")
     parser.add_argument("--workdir", type=Path, help="where the run's record is kept [/tmp/heal-soak-<time>]")
     parser.add_argument("--output", type=Path, help="write the Soak section into this Markdown file")
-    parser.add_argument("--json", type=Path, help="write the raw results here")
-    parser.add_argument("--from-json", type=Path, help="run nothing: render a finished soak again from its --json")
+    parser.add_argument("--json", type=Path,
+                        help="write the raw results here (with one --from-json: that soak's, again)")
+    parser.add_argument("--from-json", type=Path, nargs="+", metavar="JSON",
+                        help="run nothing: render finished soaks again from their --json, side by side")
     args = parser.parse_args(argv)
-    if args.fault_every <= 0 or args.minutes <= 0:
-        parser.error("--minutes and --fault-every must be positive")
-    options = Options(args.minutes, args.fault_every, args.seed, retry_backoff=args.retry_backoff)
+    if args.advised_from:
+        args.checkpoint_seconds = _advised_interval(parser, args.advised_from)
+    if min(args.fault_every, args.minutes, args.step_seconds, args.checkpoint_seconds) <= 0:
+        parser.error("--minutes, --fault-every, --step-seconds and --checkpoint-seconds must be positive")
+    options = Options(args.minutes, args.fault_every, args.seed, args.step_seconds, args.checkpoint_seconds,
+                      args.retry_backoff, str(args.advised_from) if args.advised_from else None)
     if args.workdir:
         options.workdir = args.workdir
     command = "python -m scripts.heal_drill.soak " + shlex.join(argv if argv is not None else sys.argv[1:])
     if args.from_json:
-        result = from_json(args.from_json)
+        results = [_loaded(parser, path) for path in args.from_json]
+        if args.json and len(results) == 1:
+            args.json.write_text(to_json(results[0]))  # the JSON again, with what this version adds
     else:
-        result = soak(options, command.strip(), log=lambda line: print(f"heal-soak: {line}", flush=True))
-    section = render(result)
+        results = [soak(options, command.strip(), log=lambda line: print(f"heal-soak: {line}", flush=True))]
+        if args.json:
+            args.json.write_text(to_json(results[0]))  # first: what the soak measured outlives a rendering error
+    section = render(results)
     if args.output:
         existing = args.output.read_text() if args.output.exists() else ""
         args.output.write_text(replace_section(existing, SECTION, section))
-    if args.json:
-        args.json.write_text(to_json(result))
     print(section)
-    return 0 if result.accounting is not None and not result.error else 1
+    return 0 if all(result.accounting is not None and not result.error for result in results) else 1
+
+
+def _loaded(parser: argparse.ArgumentParser, path: Path) -> Soak:
+    try:
+        return from_json(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        parser.error(f"--from-json {path}: {exc} (give the --json a finished soak wrote, its run directory in place)")
+        raise  # parser.error exits
+
+
+def _advised_interval(parser: argparse.ArgumentParser, path: Path) -> float:
+    """The advised checkpoint interval (seconds) an earlier soak's run ended with."""
+    try:
+        advised = (json.loads(path.read_text()).get("advice") or {}).get("advised_s")
+    except (OSError, ValueError, AttributeError) as exc:
+        parser.error(f"--advised-from {path}: {exc} (give the --json an earlier soak wrote)")
+    if not isinstance(advised, int | float) or advised <= 0:
+        parser.error(f"--advised-from {path}: that soak's run ended with no advised interval (its advice said why); "
+                     "give --checkpoint-seconds instead")
+    return float(advised)
 
 
 if __name__ == "__main__":
