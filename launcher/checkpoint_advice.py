@@ -12,6 +12,10 @@ W / T x cost (saves) + n x T / 2 (on average half an interval is redone per faul
 The fault rate comes from the run's own attempts and the finished runs under $RAYPULSE_HOME, or is
 given (`mtbf_s`); with fewer than MIN_FAULTS faults observed there is too little data to say, and the
 advice says so instead of a number.
+
+A job saves between steps, so the advised interval is at least one step's time (the run's newest attempt's
+pace): a save that costs next to nothing would otherwise be advised every fraction of a second, and every
+real interval called too rare.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Advice:
     loss_used_s: float | None  # expected loss at the interval used, over this run
     loss_advised_s: float | None  # ... and at the advised one
     why: str | None = None
+    step_s: float | None = None  # one step's time, the least advised_s can be (None: not seen)
 
     @property
     def too_rare(self) -> bool:
@@ -125,6 +130,18 @@ def redone_steps(record: RunRecord) -> int:
     return redone
 
 
+def step_seconds(record: RunRecord) -> float | None:
+    """One step's time at the run's pace: its newest attempt that made two steps or more, from its first step
+    to its newest. None before one did."""
+    for item in reversed(record.attempts):
+        if None in (item.first_step, item.last_step, item.first_step_at, item.last_progress_at):
+            continue
+        steps = item.last_step - item.first_step
+        if steps > 0 and item.last_progress_at > item.first_step_at:
+            return (item.last_progress_at - item.first_step_at) / steps
+    return None
+
+
 def measured(record: RunRecord) -> tuple[float | None, float | None]:
     """The run's checkpoint cost and interval as its attempts' checks saw them (the newest attempt that
     saw each); None where no save was timed, or fewer than two were seen."""
@@ -167,10 +184,11 @@ def advise(record: RunRecord, *, cost_s: float | None = None, interval_s: float 
         return Advice(cost_s, interval_s, None, rate.faults, redone, None, None, None,
                       why=f"too little data: {rate.faults} fault(s) over {rate.seconds:.0f} s seen, {MIN_FAULTS} "
                           "needed (or give --mtbf)")
-    advised = young_daly_s(cost_s, mtbf)
+    step_s = step_seconds(record)
+    advised = max(young_daly_s(cost_s, mtbf), step_s or 0.0)  # no job saves more often than once a step
     loss_advised = expected_loss_s(advised, cost_s, own.seconds, own.faults) if advised > 0 else None
     loss_used = expected_loss_s(interval_s, cost_s, own.seconds, own.faults) if interval_s else None
-    return Advice(cost_s, interval_s, mtbf, rate.faults, redone, advised, loss_used, loss_advised)
+    return Advice(cost_s, interval_s, mtbf, rate.faults, redone, advised, loss_used, loss_advised, step_s=step_s)
 
 
 def seconds_text(value: float, whole_from: float = 10.0) -> str:
@@ -179,6 +197,12 @@ def seconds_text(value: float, whole_from: float = 10.0) -> str:
     if value >= whole_from:
         return f"{value:.0f} s" if whole_from >= 1 else f"{value:.1f} s"
     return f"{value:.2g} s"
+
+
+def _one_step(advice: Advice) -> bool:
+    """The advised interval is the one-step floor, not Young-Daly's (a save that costs next to nothing)."""
+    return advice.step_s is not None and advice.advised_s == advice.step_s and advice.cost_s is not None and \
+        advice.mtbf_s is not None and young_daly_s(advice.cost_s, advice.mtbf_s) < advice.step_s
 
 
 def facts(advice: Advice) -> list[tuple[str, str]]:
@@ -190,7 +214,8 @@ def facts(advice: Advice) -> list[tuple[str, str]]:
             ("steps redone", f"{advice.redone_steps}"),
             ("mean time between faults", f"{advice.mtbf_s:.0f} s" + (f" ({advice.faults} faults)" if advice.faults else
                                                                       " (given)")),
-            ("Young-Daly interval", seconds_text(advice.advised_s or 0.0))]
+            ("Young-Daly interval", seconds_text(advice.advised_s or 0.0)
+             + (" (one step: no job saves more often)" if _one_step(advice) else ""))]
     if advice.loss_used_s is not None and advice.loss_advised_s is not None:
         rows.append(("expected loss", f"{seconds_text(advice.loss_used_s)} at the interval used, "
                                       f"{seconds_text(advice.loss_advised_s)} at the advised one"))

@@ -168,3 +168,20 @@ def test_launcher_status_shows_the_advice_in_text_and_json(tmp_path, monkeypatch
     assert "checkpts" not in nothing.stdout
     assert json.loads(CliRunner().invoke(main, ["status", "ckpt-none", "-o", "json"]).stdout)["checkpoint_advice"] \
         is None
+
+
+def test_the_advised_interval_is_at_least_one_step_so_a_save_every_step_is_not_too_rare():
+    """A save that costs 0.2 ms at a fault every 10 minutes: Young-Daly says every 0.49 s, but the job's steps
+    take 1 s, and saving every step is as often as a job can; the soak's toy checkpoint met this."""
+    run = _run("r", [(0, 1200), (1200, 2400)], state="FAILED", steps=[(None, 1200), (1190, 2390)])
+    newest = run.attempts[-1]
+    newest.first_step, newest.first_step_at, newest.last_progress_at = 1191, 1210.0, 2409.0
+    assert advice.step_seconds(run) == pytest.approx(1.0)
+    got = advice.advise(run, cost_s=0.0002, interval_s=1.0, mtbf_s=600.0)
+    assert advice.young_daly_s(0.0002, 600.0) < 0.5
+    assert got.advised_s == pytest.approx(1.0)
+    assert not got.too_rare
+    assert "Young-Daly interval 1 s (one step: no job saves more often)" in advice.describe(got)
+    slow = advice.advise(run, cost_s=8.0, interval_s=1800.0, mtbf_s=600.0)  # Young-Daly above a step: unchanged
+    assert slow.advised_s == pytest.approx(math.sqrt(2 * 8.0 * 600.0))
+    assert "one step" not in advice.describe(slow)

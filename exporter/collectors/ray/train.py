@@ -162,7 +162,8 @@ RUN_CHECKPOINT_INTERVAL = gauge("raypulse_run_checkpoint_interval_seconds", "Mea
                                 unit="seconds", only_when="for a launcher run once two saves were seen")
 RUN_CHECKPOINT_ADVISED = gauge("raypulse_run_checkpoint_advised_interval_seconds", "The Young-Daly checkpoint "
                                "interval for the run's save cost and fault rate: sqrt(2 x save seconds x mean time "
-                               "between faults).", collector=NAME, labels=("run_id",), unit="seconds",
+                               "between faults), at least one step's time.", collector=NAME, labels=("run_id",),
+                               unit="seconds",
                                only_when="for a launcher run with a timed save and enough faults seen")
 RUN_TIME = gauge("raypulse_run_time_seconds", "Seconds of the run's wall time so far, by cause (productive, startup, "
                  "detecting, redone, ...: its launcher's ledger; a second's cause may change once a fault is judged, "
