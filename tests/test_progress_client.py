@@ -264,3 +264,25 @@ def test_the_ray_train_helper_forwards_to_ray_train_and_reports_the_step(exporte
     assert series(exporter, "raypulse_train_loss")[labels] == 0.25
     assert series(exporter, "raypulse_train_samples_total")[labels] == 128
     assert series(exporter, "raypulse_train_learning_rate")[labels] == 0.01
+
+
+def test_each_checkpoint_report_carries_the_ranks_saves_so_far(monkeypatch: pytest.MonkeyPatch):
+    """So that a save whose report is lost on the way (a full queue, an exporter that did not take it) is made
+    up by the next: the exporter's count is the client's, not the reports it happened to get."""
+    from exporter import progress
+    from exporter.config import ProgressSettings
+    from exporter.progress import client as progress_client
+    from exporter.progress.store import ProgressStore, parse_batch
+
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", job_config("ckpt-a1"))  # the job the reports are of
+    sent: list[dict] = []
+    fresh = progress_client._Client(f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setattr(fresh, "enqueue", sent.append)
+    monkeypatch.setattr(progress_client, "_client", fresh)
+    for step in (30, 60, 90):
+        progress.checkpoint_saved(step, seconds=0.5, rank=0)
+    assert [entry["checkpoints_total"] for entry in sent] == [1, 2, 3]
+    store = ProgressStore(ProgressSettings())
+    store.apply(parse_batch({"reports": [sent[0], sent[2]]}))  # the second save's report never arrived
+    [state] = [ranks[0] for ranks in store.jobs.values()]
+    assert (state.checkpoints, state.checkpoint_step) == (3, 90)

@@ -428,11 +428,16 @@ def checkpoint_saved(step: int | None = None, *, path: str | os.PathLike[str] | 
     the run's checkpoint dir ($RAYPULSE_CHECKPOINT_DIR) also gets a marker naming it, so the next
     attempt is told to resume from it ($RAYPULSE_RESUME_FROM). Never raises into the caller."""
     try:
+        client = _get_client()
+        rank = client.identity.default_rank() if rank is None else int(rank)
         step_value = _number(step)
         step_int = int(step_value) if step_value is not None and step_value >= 0 else None
         duration = _number(seconds)
+        # The rank's saves so far, not one more: a report lost on the way (a full queue, an exporter that
+        # did not answer) is made up by the next, so the interval between saves stays true.
         _submit("checkpoint", rank, {"step": step_int, "duration_seconds": duration if duration is not None and
-                                     math.isfinite(duration) and duration >= 0 else None})
+                                     math.isfinite(duration) and duration >= 0 else None,
+                                     "checkpoints_total": client.running_total(rank, "checkpoints", 1)})
         if path is not None:
             _write_marker(step_int, os.fspath(path))
     except Exception:  # noqa: BLE001

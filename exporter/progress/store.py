@@ -6,9 +6,11 @@ A request is `{"reports": [report, ...]}`; a report is
     {"kind": "progress" | "checkpoint", "job_id": "02000000" | null, "submission_id": "..." | null,
      "rank": 0, "time": 1767225600.5, "step": 1200, "loss": 2.31 | "NaN" | "Infinity" | null,
      "grad_norm": ..., "learning_rate": ..., "samples_total": 76800, "tokens_total": null,
-     "dropped_total": 0, "duration_seconds": 4.2 | null}
+     "dropped_total": 0, "duration_seconds": 4.2 | null, "checkpoints_total": 7 | null}
 
-(`duration_seconds`: for a checkpoint, how long its save took.) An RL post-training loop
+(`duration_seconds`: for a checkpoint, how long its save took; `checkpoints_total`: the rank's saves so far,
+so that a checkpoint report lost on the way is made up by the next; without it each report counts one.)
+An RL post-training loop
 (`progress.phase`, `progress.report_iteration`) sends kind "rl", whose fields are all optional:
 
     {"kind": "rl", "job_id": ..., "submission_id": ..., "rank": 0, "time": ..., "dropped_total": 0,
@@ -154,6 +156,7 @@ class Report(Strict):
     tokens_total: Count | None = None
     dropped_total: Count = 0
     duration_seconds: float | None = Field(None, ge=0, le=7 * 86400, allow_inf_nan=False)
+    checkpoints_total: Count | None = None  # kind "checkpoint": the rank's saves so far
     run_id: str | None = Field(None, pattern=r"^[a-z]([-a-z0-9]{0,46}[a-z0-9])?$", description="a launcher run")
     fault: Literal[wire.FAULT_CLASSES] | None = None  # type: ignore[valid-type]
     detect_seconds: float | None = Field(None, ge=0, le=30 * 86400, allow_inf_nan=False)
@@ -320,7 +323,9 @@ class RankState:
             self.rl.apply(report, self.nonfinite)
             return
         if report.kind == "checkpoint":
-            self.checkpoints += 1
+            # the client's own count when it sends one (a smaller one: the trainer restarted, as for the totals)
+            self.checkpoints = report.checkpoints_total if report.checkpoints_total is not None else \
+                self.checkpoints + 1
             self.last_checkpoint_time = max(self.last_checkpoint_time or 0.0, report.time)
             if report.step is not None:
                 self.checkpoint_step = report.step
