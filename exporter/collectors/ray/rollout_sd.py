@@ -24,13 +24,13 @@ from exporter.progress.rollout_targets import JobKey
 
 def rollout_groups(rollouts: Mapping[JobKey, Mapping[str, str]], resolve: Callable[[str, str], JobKey],
                    exporter_groups: Iterable[Mapping[str, Any]], cluster: str) -> list[dict[str, Any]]:
-    """`rollouts`: server -> engine by (job_id, submission_id) as reported; `resolve` fills in the other id."""
-    exporter_groups = list(exporter_groups)
-    groups = []
-    for key, servers in rollouts.items():
-        job_id, submission_id = resolve(*key)
-        for group in agent_groups(servers, exporter_groups, cluster):
-            engine = servers[group["targets"][0]]
-            group["labels"].update({"job_id": job_id, "submission_id": submission_id, wire.ROLLOUT_LABEL: engine})
-            groups.append(group)
+    """`rollouts`: server -> engine by (job_id, submission_id) as reported; `resolve` fills in the other id.
+    One agent_groups call for every job's servers: the exporters' addresses are indexed once, not per job."""
+    servers = []  # (the job's ids, server, engine), in order
+    for key, engines in rollouts.items():
+        job = resolve(*key)
+        servers += [(job, server, engine) for server, engine in engines.items()]
+    groups = agent_groups([server for _, server, _ in servers], exporter_groups, cluster)
+    for ((job_id, submission_id), _, engine), group in zip(servers, groups, strict=True):
+        group["labels"].update({"job_id": job_id, "submission_id": submission_id, wire.ROLLOUT_LABEL: engine})
     return groups
