@@ -26,6 +26,8 @@ def rollout_groups(rollouts: Mapping[JobKey, Mapping[str, str]], resolve: Callab
                    exporter_groups: Iterable[Mapping[str, Any]], cluster: str) -> list[dict[str, Any]]:
     """`rollouts`: server -> engine by (job_id, submission_id) as reported; `resolve` fills in the other id.
     One agent_groups call for every job's servers: the exporters' addresses are indexed once, not per job."""
+    if not rollouts:
+        return []  # no RL run told of servers (most clusters): the exporters are not indexed at all
     servers = []  # (the job's ids, server, engine), in order
     for key, engines in rollouts.items():
         job = resolve(*key)

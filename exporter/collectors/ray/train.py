@@ -212,6 +212,8 @@ class TrainCollector(AsyncCollector):
 
     def _serve_rollouts(self, view: StoreView) -> None:
         """/sd/rollout's answer, rendered once per run (4,096 servers are ~0.5 MB of JSON and ~25 ms of CPU)."""
+        if not view.rollouts and self.shared.rollout_servers.get() == b"[]":
+            return  # nothing told and nothing served: no work each collection
         found = self.shared.service_discovery.get()
         groups = rollout_groups(view.rollouts, self.directory.resolve, found.groups if found is not None else (),
                                 self.config.cluster or "")
