@@ -1,7 +1,7 @@
 """`make test`: the suite as two pytest sessions side by side. The heavy lane (tests marked `ray`, which
 start a Ray cluster, one at a time on this machine, and `online`, which need the package registries) runs
-one test after another and prints as it goes; the light lane (everything else) runs beside it, niced, its
-output saved and printed once it ends. The exit status is the heavy lane's, or the light lane's when only
+one test after another and prints as it goes; the light lane (everything else) runs beside it, niced, on
+two workers, its output saved and printed once it ends. The exit status is the heavy lane's, or the light lane's when only
 that failed.
 
 The light lane runs in namespaces of its own (PID, mount, network) where this machine allows them (root):
@@ -35,6 +35,9 @@ HEAVY = "ray or online"
 # lane's Ray cluster on this machine and read it (four failed that way beside it).
 HEAVY_SHARED = "ray or slow or online"
 LIGHT_NICENESS = 10
+# The light lane's tests wait on their servers and subprocesses about half their time (its files' CPU is
+# about 0.6 of a core over its length): two workers, a file's tests on one (their module fixtures).
+LIGHT_WORKERS = ["-n", "2", "--dist", "loadfile"]
 NO_TESTS = 5  # pytest's exit status when a lane's selection is empty (a path with only light tests)
 # --kill-child: the namespace's first process, and so all of it, goes when this process does.
 NAMESPACES = ["unshare", "--pid", "--fork", "--mount-proc", "--net", "--kill-child"]
@@ -117,8 +120,8 @@ def main(args: list[str]) -> int:
         reports = {lane: Path(temp) / f"{lane}.xml" for lane in ("heavy", "light")}
         with log.open("wb") as out:
             # Niced: a Ray test waits on its cluster's processes, which come first; the light lane takes the rest.
-            light = subprocess.Popen([*prefix, *pytest_command(f"not ({heavy_marks})", args, ".pytest_cache/light",
-                                                               reports["light"])],
+            light = subprocess.Popen([*prefix, *pytest_command(f"not ({heavy_marks})", [*LIGHT_WORKERS, *args],
+                                                               ".pytest_cache/light", reports["light"])],
                                      stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(LIGHT_NICENESS))
             try:
                 heavy = subprocess.Popen(pytest_command(heavy_marks, args, ".pytest_cache/heavy",

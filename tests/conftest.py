@@ -22,6 +22,7 @@ from tests.launcher_support import SharedCluster
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_CLUSTER = "shared_cluster"  # the fixture below
+HEAD_STARTS = pytest.StashKey[dict[str, tuple[str, ...]]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -183,21 +184,33 @@ def shared_launcher_home(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_cluster(shared_launcher_home: Path) -> Iterator[SharedCluster]:
+def shared_cluster(request: pytest.FixtureRequest, shared_launcher_home: Path) -> Iterator[SharedCluster]:
     """The kept local cluster that tests of several modules submit their runs into (a Ray cluster starts
     once for all of them, not once per module): `shared_cluster.record()`."""
-    shared = SharedCluster(shared_launcher_home)
+    shared = SharedCluster(shared_launcher_home, request.config.stash.get(HEAD_STARTS, {}))
     yield shared
     shared.close()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests on the shared cluster run one after another, where the first of them was."""
+    """The tests on the shared cluster run one after another, where the first of them was; those that take
+    a head-start run last, so the others run while it goes."""
     users = [item for item in items if SHARED_CLUSTER in getattr(item, "fixturenames", ())]
     if users:
         first, chosen = items.index(users[0]), {id(item) for item in users}
         others = [item for item in items if id(item) not in chosen]
+        users.sort(key=lambda item: bool(_head_starts(item)))  # stable: each part keeps its order
         items[:] = others[:first] + users + others[first:]
+
+
+def _head_starts(item: pytest.Item) -> dict[str, tuple[str, ...]]:
+    return getattr(getattr(item, "module", None), "HEAD_START", {})
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The head-start runs of the tests selected (launcher_support.SharedCluster), for the shared cluster."""
+    session.config.stash[HEAD_STARTS] = {run_id: tuple(args) for item in session.items
+                                         for run_id, args in _head_starts(item).items()}
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:

@@ -152,20 +152,55 @@ class SharedCluster:
     """One kept local cluster, `shared` (head + one worker with a simulated GPU), for the tests of any module
     that only submit runs into a cluster and leave it as they found it (tests/conftest.py's `shared_cluster`
     runs them one after another). `launcher up` when the first asks, `launcher down` after the last. Their
-    modules use its RAYPULSE_HOME (the launcher finds a cluster only there); their run ids differ."""
+    modules use its RAYPULSE_HOME (the launcher finds a cluster only there); their run ids differ.
+
+    A run that mostly waits (minutes of a job's own pace) starts with the cluster and goes on beside the
+    other tests: its module names it in `HEAD_START` ({run id: submit arguments after `--run-id`}), its test
+    runs last on the cluster and takes the result with `finish(run_id)`."""
 
     name = "shared"
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, head_starts: dict[str, tuple[str, ...]] | None = None) -> None:
         self.home = home
         self._stack = contextlib.ExitStack()
         self._record: dict[str, Any] | None = None
+        self._head_starts = dict(head_starts or {})
+        self._started: dict[str, subprocess.Popen] = {}
 
     def record(self) -> dict[str, Any]:
-        """The cluster's record (cluster.json), started if need be."""
+        """The cluster's record (cluster.json), started if need be, with the head-start runs submitted."""
         if self._record is None:
             self._record = self._stack.enter_context(kept_cluster(self.name, self.home, worker_gpus=1))
+            self._stack.callback(self._stop_unfinished)  # runs before `launcher down`
+            for run_id, args in self._head_starts.items():
+                self._started[run_id] = start_launcher("submit", "--cluster", self.name, "--run-id", run_id, *args,
+                                                       home=self.home)
         return self._record
+
+    def finish(self, run_id: str, timeout: float) -> subprocess.CompletedProcess:
+        """The head-start run's `launcher submit`, waited for to its end (within `timeout` from now)."""
+        self.record()
+        process = self._started.pop(run_id)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+            raise AssertionError(f"{run_id}: `launcher submit` did not end within {timeout:g} s: "
+                                 f"{stderr[-2000:]}") from None
+        return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+    def _stop_unfinished(self) -> None:
+        """A head-start run whose test never took it (failed before, or deselected after it began) is
+        stopped, its launcher waited for: nothing of it outlives the cluster."""
+        for run_id, process in self._started.items():
+            launcher("stop", run_id, home=self.home)
+            try:
+                process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+        self._started.clear()
 
     def close(self) -> None:
         """`launcher down`, checked to leave nothing running (once; a later record() starts it again)."""
