@@ -1,8 +1,8 @@
 """`make test`: the suite as two pytest sessions side by side. The heavy lane (tests marked `ray`, which
 start a Ray cluster, one at a time on this machine, and `online`, which need the package registries) runs
 one test after another and prints as it goes; the light lane (everything else) runs beside it, niced, on
-two workers, its output saved and printed once it ends. The exit status is the heavy lane's, or the light lane's when only
-that failed.
+two workers, its output saved and printed once it ends. The exit status is the heavy lane's, or the light
+lane's when only that failed.
 
 The light lane runs in namespaces of its own (PID, mount, network) where this machine allows them (root):
 an exporter started by a light test finds Ray clusters through /proc, /tmp/ray and 127.0.0.1:8265, and
