@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,10 +59,24 @@ class PortInUse(BadInput):
     """A fixed port the spec asks for is taken (bad input: nothing was started)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _free_ports(count: int, taken: Collection[int] = ()) -> list[int]:
+    """`count` distinct ports no one listens on now, none of them `taken`. The sockets stay open until all
+    are picked: one at a time, the kernel may hand a port just let go out again, and Ray refuses a node
+    whose two components were given the same port."""
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            if port not in taken:
+                ports.append(port)
+        return ports
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _ray_cli() -> str:
@@ -83,6 +98,9 @@ def plan_nodes(spec: JobSpec, cluster: str, gcs_port: int, dashboard_port: int) 
     and progress on progress_port + 2i: the defaults 9477/9478 are the exporter's own, and the
     nodes' pairs interleave without colliding."""
     dashboard = f"http://127.0.0.1:{dashboard_port}"
+    # Ray's client server on the head, its agent and metrics export ports on every node: all distinct.
+    count = 1 + 2 * (1 + sum(group.count for group in spec.worker_groups))
+    ports = iter(_free_ports(count, taken=(gcs_port, dashboard_port)))
 
     def gpu_control(node: str) -> str:
         """The node's fault-injection file; one shared file when the user's environment names one
@@ -102,7 +120,7 @@ def plan_nodes(spec: JobSpec, cluster: str, gcs_port: int, dashboard_port: int) 
     head_exporter = exporter("head", "head", 0, 0)
     head = NodePlan("head", "head", head_exporter, [
         "--head", "--port", str(gcs_port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
-        "--ray-client-server-port", str(_free_port()), "--num-cpus", "0", "--num-gpus", "0",
+        "--ray-client-server-port", str(next(ports)), "--num-cpus", "0", "--num-gpus", "0",
         "--object-store-memory", str(HEAD_OBJECT_STORE), "--labels", labels(head_exporter, "head"),
     ] + (["--resources", json.dumps(spec.head.resources)] if spec.head.resources else []))
     nodes = [head]
@@ -123,7 +141,7 @@ def plan_nodes(spec: JobSpec, cluster: str, gcs_port: int, dashboard_port: int) 
             nodes.append(NodePlan(name, "worker", plan, args))
     for node in nodes:
         node.args = ["start", "--block", "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
-                     "--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
+                     "--dashboard-agent-listen-port", str(next(ports)), "--metrics-export-port", str(next(ports)),
                      *node.args]
     return nodes
 
@@ -184,7 +202,7 @@ class LocalCluster:
     def start(self) -> ClusterRecord:
         """Start every node and exporter and wait until Ray lists every node alive. On any failure
         or cancel, whatever started is torn down before the exception leaves."""
-        gcs_port, dashboard_port = _free_port(), _free_port()
+        gcs_port, dashboard_port = _free_ports(2)
         nodes = self._nodes = plan_nodes(self.spec, self.name, gcs_port, dashboard_port)
         check_ports(nodes)
         if cluster_dir(self.name).joinpath("cluster.json").exists():
