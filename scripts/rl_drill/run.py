@@ -83,8 +83,11 @@ def run(quick: bool = False, healthy_seconds: float = 90.0, workdir: Path | None
     report = Report(quick=quick, scale=SCALE, healthy_seconds=healthy_seconds,
                     started=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     gpu_control, job_control = workdir / "gpu.json", workdir / "job.json"
-    os.environ[wire.ENV_HOME] = str(workdir / "launcher-home")
-    os.environ.update(_exporter_env(gpu_control))  # inherited by the launcher's nodes and exporters
+    # Inherited by the launcher's nodes and exporters; put back as they were once the drill ends (it runs
+    # inside the test process, whose later clusters must not share its GPU control file).
+    environment = {wire.ENV_HOME: str(workdir / "launcher-home"), **_exporter_env(gpu_control)}
+    saved = {key: os.environ.get(key) for key in environment}
+    os.environ.update(environment)
     rules = workdir / "rules"
     rules.mkdir(parents=True, exist_ok=True)
     for name, text in rule_files(drill_config()).items():
@@ -97,6 +100,7 @@ def run(quick: bool = False, healthy_seconds: float = 90.0, workdir: Path | None
             "health": {f"on_{fault.value}": "report" for fault in FaultClass},
             "worker_groups": [{"name": "rl", "count": 1, "cpus": 2, "gpus": SIMULATED_GPUS}]}
     with contextlib.ExitStack() as cleanup:
+        cleanup.callback(_restore, saved)
         log("rl drill: starting a cluster (head, a worker with 2 simulated GPUs) and the RLlib job")
         handle = launcher.submit({**spec, "keep_cluster": True, "max_retries": 0})
         name = handle.run_id
@@ -158,6 +162,14 @@ def run(quick: bool = False, healthy_seconds: float = 90.0, workdir: Path | None
                                and not _explained(a, injected)]
     report.wall_seconds = round(time.monotonic() - started, 1)
     return report
+
+
+def _restore(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def to_json(report: Report) -> str:
