@@ -31,7 +31,8 @@ HEAD_START = {
     "ends-plain-1": (*FAST, "--on-hang", "stop", "--", PLAIN_HANG),
     "ends-late-1": (*FAST, "--retry-backoff", "120", "--active-deadline-seconds", str(DEADLINE_S), "--", HANGS),
     # In its backoff until its test stops it, whenever that test comes.
-    "ends-stopped-1": (*FAST, "--retry-backoff", str(LONG_BACKOFF_S), "--", HANGS),
+    "ends-stopped-1": (*FAST, "--retry-backoff", str(LONG_BACKOFF_S), "--retry-backoff-max", str(LONG_BACKOFF_S), "--",
+                       HANGS),
 }
 FINISH_S = 240  # the most any of them may still take when its test comes (they started with the cluster)
 
