@@ -48,6 +48,11 @@ JOB = ("python -c 'import os, time\nfrom exporter import progress\n"
        "        time.sleep(3600)\n"
        "progress.flush()'")
 HEALED = ["--health-check-interval", "1", "--hang-after", "15", "--max-retries", "1"]
+# The backoff a launcher is killed during: long enough for the test to act in it (a second submit, a kill).
+BACKOFF_S = 20
+# The backoff of a run whose launcher is killed during an attempt: the one who takes over waits it; nothing
+# happens in it but the stop of attempt 1, which the launcher waits for before it submits attempt 2.
+SHORT_BACKOFF_S = 2
 NOT_ENDED = ("PENDING", "RUNNING")
 
 
@@ -103,10 +108,10 @@ class JobsSeen:
         self.submission_ids = [job["submission_id"] for job in self.jobs()]
 
 
-def supervise(run_id: str, home: Path) -> tuple[subprocess.Popen, list[str]]:
+def supervise(run_id: str, home: Path, backoff: int) -> tuple[subprocess.Popen, list[str]]:
     """`launcher submit` of the run, with its stderr lines collected as they come."""
-    process = start_launcher("submit", "--cluster", CLUSTER, "--run-id", run_id, *HEALED, "--retry-backoff", "20",
-                             "--", JOB, home=home)
+    process = start_launcher("submit", "--cluster", CLUSTER, "--run-id", run_id, *HEALED, "--retry-backoff",
+                             str(backoff), "--", JOB, home=home)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True).start()
     return process, lines
@@ -122,11 +127,11 @@ def kill(process: subprocess.Popen) -> None:
     assert process.wait(30) == -signal.SIGKILL
 
 
-def taken_over(run_id: str, home: Path, before: list[tuple[float, str]], jobs: JobsSeen) -> dict:
+def taken_over(run_id: str, home: Path, before: list[tuple[float, str]], jobs: JobsSeen, backoff: int) -> dict:
     """Submit the run again after its launcher was killed; it must end SUCCEEDED with attempt 2, its
     journal continuing the one before the kill."""
-    result = launcher("submit", "--cluster", CLUSTER, "--run-id", run_id, *HEALED, "--retry-backoff", "20", "--", JOB,
-                      home=home)
+    result = launcher("submit", "--cluster", CLUSTER, "--run-id", run_id, *HEALED, "--retry-backoff", str(backoff),
+                      "--", JOB, home=home)
     jobs.stop()
     assert result.returncode == 0, result.stderr
     record = status_json(run_id, home)
@@ -144,9 +149,9 @@ def taken_over(run_id: str, home: Path, before: list[tuple[float, str]], jobs: J
 @on_ray
 def test_a_launcher_killed_during_the_backoff_is_taken_over_by_a_new_submit(home: Path, kept: dict):
     jobs = JobsSeen(kept, "backoff-1")
-    first, lines = supervise("backoff-1", home)
+    first, lines = supervise("backoff-1", home, BACKOFF_S)
     try:
-        wait_until(lambda: any("attempt 2 in 20s" in line for line in lines) or first.poll() is not None, 180,
+        wait_until(lambda: any(f"attempt 2 in {BACKOFF_S}s" in line for line in lines) or first.poll() is not None, 180,
                    "the restart's backoff")
         assert first.poll() is None, "".join(lines)
         # A second supervisor beside a live one is refused, and changes nothing.
@@ -158,14 +163,14 @@ def test_a_launcher_killed_during_the_backoff_is_taken_over_by_a_new_submit(home
         first.kill()
     before = events_of("backoff-1", home)
     assert "retry.scheduled" in [kind for _, kind in before]
-    record = taken_over("backoff-1", home, before, jobs)
+    record = taken_over("backoff-1", home, before, jobs, BACKOFF_S)
     assert [event["kind"] for event in record["events"]].count("health.fault") == 1
 
 
 @on_ray
 def test_a_launcher_killed_during_an_attempt_is_taken_over_and_its_hang_healed(home: Path, kept: dict):
     jobs = JobsSeen(kept, "during-1")
-    first, lines = supervise("during-1", home)
+    first, lines = supervise("during-1", home, SHORT_BACKOFF_S)
     try:
         # Killed once the attempt hangs: its steps were all reported to the launcher that died, none to the
         # one that takes over (which must still count them as the attempt's, and see the hang).
@@ -177,7 +182,7 @@ def test_a_launcher_killed_during_an_attempt_is_taken_over_and_its_hang_healed(h
         first.kill()
     before = events_of("during-1", home)
     assert "health.fault" not in [kind for _, kind in before]  # killed before its launcher saw the hang
-    record = taken_over("during-1", home, before, jobs)
+    record = taken_over("during-1", home, before, jobs, SHORT_BACKOFF_S)
     faults = [event for event in record["events"] if event["kind"] == "health.fault"]
     assert [(event["attempt"], event["details"]["fault"]) for event in faults] == [(1, "hang")]
 
