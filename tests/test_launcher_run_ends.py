@@ -24,12 +24,16 @@ from tests.test_launcher_healing import FAST, HANGS, PLAIN_HANG, kinds
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 LONG_BACKOFF_S = 3600  # past the shared cluster's whole life (its tests' timeouts together)
-DEADLINE_S = 60  # past the hang (seen about 10 s after the job starts), within the 120 s backoff that follows
+# Past the hang (seen about 10 s after the job starts; more while the other head starts begin beside it), within
+# the backoff that follows it (the default cap): the run waits out neither, so it costs the suite nothing.
+DEADLINE_S = 120
+DEADLINE_BACKOFF_S = 300
 HEAD_START = {
     "ends-same-1": ("--max-retries", "3", "--retry-backoff", "1", "--", "echo broken; exit 3"),
     "ends-hung-1": (*FAST, "--on-hang", "stop", "--", HANGS),
     "ends-plain-1": (*FAST, "--on-hang", "stop", "--", PLAIN_HANG),
-    "ends-late-1": (*FAST, "--retry-backoff", "120", "--active-deadline-seconds", str(DEADLINE_S), "--", HANGS),
+    "ends-late-1": (*FAST, "--retry-backoff", str(DEADLINE_BACKOFF_S), "--active-deadline-seconds", str(DEADLINE_S),
+                    "--", HANGS),
     # In its backoff until its test stops it, whenever that test comes.
     "ends-stopped-1": (*FAST, "--retry-backoff", str(LONG_BACKOFF_S), "--retry-backoff-max", str(LONG_BACKOFF_S), "--",
                        HANGS),
