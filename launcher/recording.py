@@ -160,6 +160,12 @@ class ScrapeTarget:
     # Another transport than HTTP(S) to `address` (a KubeRay pod through the API server's proxy).
     reader: exporters.Reader | None = field(default=None, compare=False)
 
+    @functools.cached_property
+    def key(self) -> TargetKey:
+        """The target as its series are named: its address and its labels (a relabelled target starts over);
+        worked out once (a round needs it several times, for thousands of targets)."""
+        return self.address, tuple(sorted(self.labels.items()))
+
 
 def discover(sd_url: str, access: ExporterAccess | None = None, timeout: float = READ_TIMEOUT_S) -> list[ScrapeTarget]:
     """The raypulse exporters /sd lists, with the target labels Prometheus would give them. Groups
@@ -175,6 +181,12 @@ def discover(sd_url: str, access: ExporterAccess | None = None, timeout: float =
             found.append(ScrapeTarget(address, {**labels, wire.SD_JOB_LABEL: ALERTS_CONFIG.scrape_job,
                                                 "instance": address}))
     return found
+
+
+@functools.cache
+def _plan() -> tuple[tuple[str, frozenset[str]], ...]:
+    """A round's requests to an exporter that knows `name[]`: each path and the names it asks for."""
+    return tuple((wire.metrics_path(names), frozenset(names)) for names in requested())
 
 
 @functools.cache
@@ -216,35 +228,38 @@ TargetKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
 def _key(target: ScrapeTarget) -> TargetKey:
-    """A target as its series are named: its address and its labels (a relabelled target starts over)."""
-    return target.address, tuple(sorted(target.labels.items()))
+    return target.key
 
 
 @dataclass
 class _Kept:
-    """A target's answer to one request as the file has it: per sample line, a hash of the line, its
-    series id (-1: left out for its names) and value; and the answer's ETag (an unchanged answer is a
-    304: these values again). A line that comes back unchanged at its place is not parsed again."""
+    """A target's answer to one request as the file has it: per sample line, a hash of the line and of its
+    series (exposition.Read's), its series id (-1: left out for its names) and value; and the answer's ETag
+    (an unchanged answer is a 304: these values again). A line that comes back unchanged at its place is not
+    parsed again, nor one of the same series there with another value (only its value is read)."""
 
     etag: str | None
     keys: array
+    series: array
     ids: array
     values: array
+    dropped: int = field(init=False)  # lines left out for their names, each round this answer stands
 
-    @property
-    def dropped(self) -> int:
-        return self.ids.count(-1)
+    def __post_init__(self) -> None:
+        self.dropped = self.ids.count(-1)
 
 
 @dataclass
 class _Part:
-    """One request's outcome for a target: None for a 304; else per sample line of the answer (`keys`: a
-    hash of each), the position of the same line in the last answer, a new Sample, or None (left out)."""
+    """One request's outcome for a target: None for a 304; else per sample line of the answer (`keys` and
+    `series`: exposition.Read's), the position of the same line in the last answer, the same series there
+    with a new value (exposition.Value), a new Sample, or None (left out)."""
 
     path: str
     etag: str | None
     keys: array | None = None
-    items: list[int | Sample | None] | None = None
+    items: list[int | exposition.Value | Sample | None] | None = None
+    series: array | None = None
     dropped: list[str] = field(default_factory=list)
 
 
@@ -597,8 +612,8 @@ class Recorder:
         scheme = self.access.scheme if self.access else "http"
         base = f"{scheme}://{target.address}"
         known = {} if fresh else self._known.get(_key(target), {})  # fresh: every line parsed (their labels)
-        plan: list[tuple[str, frozenset[str] | None]] = [(wire.METRICS_PATH, None)] if wire.METRICS_PATH in known \
-            else [(wire.metrics_path(names), frozenset(names)) for names in requested()]
+        plan: tuple[tuple[str, frozenset[str] | None], ...] = ((wire.METRICS_PATH, None),) \
+            if wire.METRICS_PATH in known else _plan()
         out = []
         for path, names in plan:
             left = deadline - time.monotonic()
@@ -630,21 +645,26 @@ class Recorder:
     def _part(self, path: str, etag: str | None, text: str, target: ScrapeTarget, keep: re.Pattern[str],
               last: _Kept | None) -> _Part:
         """An answer's samples, parsing only the lines not in the last answer (launcher/exposition.py)."""
-        answer = exposition.read(text, keep, last.keys if last is not None else None, self._family_of)
+        answer = exposition.read(text, keep, last.keys if last is not None else None, self._family_of,
+                                 last.series if last is not None else None)
         dropped: list[str] = []
-        items = [item if isinstance(item, int) else _sample(item, target.labels, dropped) for item in answer.items]
-        return _Part(path, etag, answer.keys, items, dropped)
+        items = [item if isinstance(item, int | exposition.Value) else _sample(item, target.labels, dropped)
+                 for item in answer.items]
+        return _Part(path, etag, answer.keys, items, answer.series, dropped)
 
     def _take(self, target: ScrapeTarget, answer: list[_Part] | None, error: str | None,
               lines: _Member) -> tuple[np.ndarray, np.ndarray, int, list[str]]:
         """A target's read into the round: its `up`, then the values of every request (a 304's are the last
         ones). Returns their ids (-1: left out for its names) and values, the count left out, and an example."""
         self._note_target(target, error)
-        up = Sample(UP, "gauge", "1 if the target answered its scrape, else 0 (as Prometheus records it)", UP,
-                    dict(target.labels), 0.0 if answer is None else 1.0)
-        up_id = self._series_id(up, lines, named=True)  # every target's `up` is named, a fleet's too
+        up_value = 0.0 if answer is None else 1.0
+        up_id = self._series.get(hash((UP, _key(target)[1])))  # _hash() of its `up`, known after its first round
+        if up_id is None:
+            up = Sample(UP, "gauge", "1 if the target answered its scrape, else 0 (as Prometheus records it)", UP,
+                        dict(target.labels), up_value)
+            up_id = self._series_id(up, lines, named=True)  # every target's `up` is named, a fleet's too
         id_parts = [np.array([up_id], np.int64)]
-        value_parts = [np.array([up.value])]
+        value_parts = [np.array([up_value])]
         left_out, examples = 0, []
         if answer is None:
             self._known.pop(_key(target), None)
@@ -655,20 +675,24 @@ class Recorder:
             kept = self._known.setdefault(_key(target), {})
             for part in answer:
                 entry = kept.get(part.path)
-                if part.items is not None and part.keys is not None:
+                if part.items is not None and part.keys is not None and part.series is not None:
                     ids, values = array("q"), array("d")
                     for item in part.items:
                         if isinstance(item, int):  # the same line as last time
                             assert entry is not None
                             ids.append(entry.ids[item])
                             values.append(entry.values[item])
+                        elif isinstance(item, exposition.Value):  # the same series, another value
+                            assert entry is not None
+                            ids.append(entry.ids[item.position])
+                            values.append(item.value)
                         elif item is None:  # left out for its names
                             ids.append(-1)
                             values.append(0.0)
                         else:
                             ids.append(self._series_id(item, lines))
                             values.append(item.value)
-                    entry = kept[part.path] = _Kept(part.etag, part.keys, ids, values)
+                    entry = kept[part.path] = _Kept(part.etag, part.keys, part.series, ids, values)
                     examples += part.dropped[:1]
                 if entry is not None:
                     id_parts.append(np.frombuffer(entry.ids, np.int64) if len(entry.ids) else np.zeros(0, np.int64))

@@ -76,3 +76,56 @@ def test_a_broken_line_is_refused_by_the_parser_whole_or_alone():
         exposition.read(broken, KEEP, first.keys, families)
     with pytest.raises(ValueError, match="could not convert"):
         exposition.read(broken, KEEP, None, families)
+
+
+def test_a_moved_value_of_the_same_series_is_read_alone_with_the_last_series():
+    families: dict[str, Family] = {}
+    first = exposition.read(ANSWER, KEEP, None, families)
+    moved = ANSWER.replace('{rank="1"} 11', '{rank="1"} 12.5').replace('{gpu="0"} 1\n', '{gpu="0"} 2\n')
+    read = exposition.read(moved, KEEP, first.keys, families, first.series)
+    assert read.items == [0, exposition.Value(1, 12.5), exposition.Value(2, 2.0)]
+    assert read.series == first.series  # the same series: the next read compares with them again
+    again = exposition.read(moved.replace("12.5", "13"), KEEP, read.keys, families, read.series)
+    assert again.items == [0, exposition.Value(1, 13.0), 2]
+    # Without the last series (the health watcher), a changed line is parsed as before.
+    assert exposition.read(moved, KEEP, first.keys, families).items[1] == Line(STEP, "raypulse_train_step",
+                                                                                {"rank": "1"}, 12.5)
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    ('raypulse_train_step{rank="0"} 10', 'raypulse_train_step{rank="0"} 11 1700000000000'),  # a timestamp
+    ('raypulse_train_step{rank="0"} 10 1700000000000', 'raypulse_train_step{rank="0"} 11 1700000001000'),
+    ('raypulse_train_step{rank="a} 7"} 10', 'raypulse_train_step{rank="a} 7"} 11'),  # a `}` in a label value
+    ('raypulse_train_step{rank="0"} 10', 'raypulse_train_step{rank="0"} +Inf'),
+    ('raypulse_train_step{rank="0"} 10', 'raypulse_train_step{rank="0"} NaN'),
+    ('raypulse_train_step{rank="0"} 10', 'raypulse_train_step{rank="0"} 1e3'),
+    ('raypulse_train_step 10', 'raypulse_train_step 11'),
+    ('raypulse_train_step{rank="0"} 10', 'raypulse_train_step{rank="0"}\t11'),
+    ('raypulse_train_step{rank="0"} 10', 'raypulse_train_step{rank="0"} 11 '),
+    ('raypulse_train_step{rank="0"} 10', 'raypulse_train_step{rank="0"} ' + "9" * 400),  # an int past a float
+])
+def test_a_value_read_alone_is_what_the_parser_reads(before, after):
+    """Whatever a changed line is, the fast path (a Value) or a parse gives the parser's reading of it, or
+    the parser's refusal."""
+    head = "# HELP raypulse_train_step Step.\n# TYPE raypulse_train_step gauge\n"
+    families: dict[str, Family] = {}
+    first = exposition.read(head + before + "\n", KEEP, None, families)
+    try:
+        expected = exposition.read(head + after + "\n", KEEP, None, {}).items[0]
+    except (ValueError, OverflowError) as exc:
+        with pytest.raises(type(exc)):
+            exposition.read(head + after + "\n", KEEP, first.keys, families, first.series)
+        return
+    [item] = exposition.read(head + after + "\n", KEEP, first.keys, families, first.series).items
+    assert isinstance(item, Line | exposition.Value)
+    line = item if isinstance(item, Line) else Line(first.items[0].family, first.items[0].name,
+                                                    first.items[0].labels, item.value)
+    assert (line.name, line.labels) == (expected.name, expected.labels)
+    assert line.value == expected.value or (line.value != line.value and expected.value != expected.value)
+
+
+def test_an_underscore_in_a_value_is_refused_as_the_parser_refuses_it():
+    families: dict[str, Family] = {}
+    first = exposition.read(ANSWER, KEEP, None, families)
+    with pytest.raises(ValueError, match="Invalid value"):
+        exposition.read(ANSWER.replace('{rank="1"} 11', '{rank="1"} 1_1'), KEEP, first.keys, families, first.series)

@@ -16,6 +16,7 @@ rule fires on a gauge the test sets), it keeps each of the run's alert windows w
 from __future__ import annotations
 
 import http.server
+import math
 import subprocess
 import threading
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from bench.fakefleet import FakeFleet
-from launcher import export, record_alerts, record_fleet, recording
+from launcher import export, exposition, record_alerts, record_fleet, recording
 from scripts.ports import free_port
 from tests.conftest import binary, wait_until
 
@@ -216,3 +217,20 @@ def test_a_prometheus_that_cannot_be_asked_is_said_once_and_the_recording_goes_o
     [(_, details)] = [(kind, details) for kind, details in said if kind == "recording.alerts_unread"]
     assert "Prometheus http://127.0.0.1:" in details["error"]
     assert recording.read(tmp_path).rounds == 22
+
+
+def test_values_that_moved_are_read_alone_and_recorded_as_the_parser_reads_them(tmp_path: Path, monkeypatch):
+    fleet = FakeFleet(2)
+    driven = Driven(tmp_path, fleet)
+    parsed: list[str] = []
+    parse = exposition.text_string_to_metric_families
+    monkeypatch.setattr(exposition, "text_string_to_metric_families", lambda text: parsed.append(text) or parse(text))
+    for _ in range(3):
+        driven.round()  # every GPU gauge and every rank's step and loss moved
+    driven.rec.stop()
+    assert parsed == []  # each changed line was its series at its place: its value read alone
+    read = recording.read(tmp_path)
+    [util] = read.select("raypulse_gpu_utilization_ratio", node="node-0001", gpu="2")
+    assert util.values == [0.9 + 0.05 * math.sin(v / 7 + 0.37 + 2) for v in (0, 1, 2, 3, 3)]  # stop()'s round: a 304
+    [step] = read.select("raypulse_train_step", rank="9")
+    assert step.values == [0.0, 1.0, 2.0, 3.0, 3.0]
