@@ -658,7 +658,7 @@ class Recorder:
         ones). Returns their ids (-1: left out for its names) and values, the count left out, and an example."""
         self._note_target(target, error)
         up_value = 0.0 if answer is None else 1.0
-        up_id = self._series.get(hash((UP, _key(target)[1])))  # _hash() of its `up`, known after its first round
+        up_id = self._series.get(_named_hash(UP, _key(target)[1]))  # its `up`'s, known after its first round
         if up_id is None:
             up = Sample(UP, "gauge", "1 if the target answered its scrape, else 0 (as Prometheus records it)", UP,
                         dict(target.labels), up_value)
@@ -864,7 +864,12 @@ class _Column:
 
 
 def _hash(sample: Sample) -> int:
-    return hash((sample.name, tuple(sorted(sample.labels.items()))))
+    return _named_hash(sample.name, tuple(sorted(sample.labels.items())))
+
+
+def _named_hash(name: str, sorted_labels: tuple[tuple[str, str], ...]) -> int:
+    """A series' key in the recorder's index: its name and its labels, sorted."""
+    return hash((name, sorted_labels))
 
 
 def _windows(marks: list[dict[str, Any]], window_s: float,
