@@ -227,10 +227,6 @@ class Sample:
 TargetKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
-def _key(target: ScrapeTarget) -> TargetKey:
-    return target.key
-
-
 @dataclass
 class _Kept:
     """A target's answer to one request as the file has it: per sample line, a hash of the line and of its
@@ -438,7 +434,7 @@ class Recorder:
             return  # no exporter known yet: nothing to write
         at = self.clock()
         targets = list(self._targets)
-        listed = {_key(target) for target in targets}
+        listed = {target.key for target in targets}
         for key in [key for key in self._known if key not in listed]:  # gone from /sd (or relabelled)
             del self._known[key]
         deadline = time.monotonic() + ROUND_READS_S
@@ -559,7 +555,7 @@ class Recorder:
                 agg_values.append(float(reduced.stats[operation][position]))
         pairs = [(np.array(agg_ids, np.int64), np.array(agg_values))]
         def is_open(index: int) -> bool:
-            return self._keep_until.get(_key(taken[index][0]), -math.inf) >= at
+            return self._keep_until.get(taken[index][0].key, -math.inf) >= at
 
         # Faulty nodes first, then the farthest out; at most NEW_WINDOWS new ones a round (a whole fleet
         # flapping at once is in its distributions, not in 2,000 nodes' own series).
@@ -571,9 +567,9 @@ class Recorder:
             self._mark(lines, at, f"{taken[index][0].labels.get('node', '?')}: an outlier")
         opened |= {index for index in [*reduced.outliers, *faulty] if is_open(index)}  # still out: kept longer
         for index in opened:
-            self._keep_until[_key(taken[index][0])] = at + self.window_s
+            self._keep_until[taken[index][0].key] = at + self.window_s
         for target, ids, values in taken:
-            key = _key(target)
+            key = target.key
             if target.labels.get("node") in self.record_nodes or self._keep_until.get(key, -math.inf) >= at:
                 pairs.append(self._whole(target, ids, values, lines, deadline))
             elif key in self._keep_until:
@@ -611,7 +607,7 @@ class Recorder:
         (cut down here), and from then on read whole, once a round."""
         scheme = self.access.scheme if self.access else "http"
         base = f"{scheme}://{target.address}"
-        known = {} if fresh else self._known.get(_key(target), {})  # fresh: every line parsed (their labels)
+        known = {} if fresh else self._known.get(target.key, {})  # fresh: every line parsed (their labels)
         plan: tuple[tuple[str, frozenset[str] | None], ...] = ((wire.METRICS_PATH, None),) \
             if wire.METRICS_PATH in known else _plan()
         out = []
@@ -658,7 +654,7 @@ class Recorder:
         ones). Returns their ids (-1: left out for its names) and values, the count left out, and an example."""
         self._note_target(target, error)
         up_value = 0.0 if answer is None else 1.0
-        up_id = self._series.get(_named_hash(UP, _key(target)[1]))  # its `up`'s, known after its first round
+        up_id = self._series.get(_named_hash(UP, target.key[1]))  # its `up`'s, known after its first round
         if up_id is None:
             up = Sample(UP, "gauge", "1 if the target answered its scrape, else 0 (as Prometheus records it)", UP,
                         dict(target.labels), up_value)
@@ -667,12 +663,12 @@ class Recorder:
         value_parts = [np.array([up_value])]
         left_out, examples = 0, []
         if answer is None:
-            self._known.pop(_key(target), None)
+            self._known.pop(target.key, None)
         else:
-            if wire.METRICS_PATH not in self._known.get(_key(target), {}) and \
+            if wire.METRICS_PATH not in self._known.get(target.key, {}) and \
                     any(part.path == wire.METRICS_PATH for part in answer):  # read whole from now on
-                self._known[_key(target)] = {}
-            kept = self._known.setdefault(_key(target), {})
+                self._known[target.key] = {}
+            kept = self._known.setdefault(target.key, {})
             for part in answer:
                 entry = kept.get(part.path)
                 if part.items is not None and part.keys is not None and part.series is not None:
