@@ -318,8 +318,10 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(sd: str, control: str, fault_after: float, rounds: bool, full: bool) -> dict[str, Any]:
-    """The launcher's watcher, then its recorder, as the checkout in the current directory has them."""
+def measure(sd: str, control: str, fault_after: float, rounds: bool, full: bool,
+            product_deadlines: bool = False) -> dict[str, Any]:
+    """The launcher's watcher, then its recorder, as the checkout in the current directory has them; with
+    `product_deadlines`, each read cut at the product's own deadline (the table then says how many answered)."""
     from launcher.health.exporters import from_sd
     from launcher.health.faults import Attempt
     from launcher.health.policy import HealthPolicy
@@ -331,7 +333,8 @@ def measure(sd: str, control: str, fault_after: float, rounds: bool, full: bool)
     watcher = Watcher(policy, from_sd(sd))
     # This machine also runs the fleet (and maybe more): a check's reads get more than the 3 s default, so
     # that what is measured is the launcher's cost, not reads cut at a deadline the fleet cannot meet here.
-    watcher.read_timeout = MEASURE_DEADLINE_S
+    if not product_deadlines:
+        watcher.read_timeout = MEASURE_DEADLINE_S
     watcher.watch(Attempt(1, "scale-a1", started_at=fault_after))
     for phase in ("cold", "steady", "training"):
         if phase == "training":
@@ -349,7 +352,8 @@ def measure(sd: str, control: str, fault_after: float, rounds: bool, full: bool)
         from launcher import recording
         from launcher.recording import Recorder
 
-        recording.ROUND_READS_S = MEASURE_DEADLINE_S  # as for the watcher (a baseline without it ignores it)
+        if not product_deadlines:
+            recording.ROUND_READS_S = MEASURE_DEADLINE_S  # as for the watcher (a baseline without it ignores it)
 
         with tempfile.TemporaryDirectory() as directory:
             recorder = Recorder(Path(directory), sd, interval=3600)
@@ -370,12 +374,14 @@ def measure(sd: str, control: str, fault_after: float, rounds: bool, full: bool)
     return out
 
 
-def run_measure(cwd: Path, fleet_: Fleet, fault_after: float, rounds: bool, full: bool) -> dict[str, Any]:
+def run_measure(cwd: Path, fleet_: Fleet, fault_after: float, rounds: bool, full: bool,
+                product_deadlines: bool = False) -> dict[str, Any]:
     """`measure` in a process of its own, importing the launcher of the checkout at `cwd`."""
     env = {**os.environ, "PYTHONPATH": str(cwd)}
     result = subprocess.run([sys.executable, str(REPO / "bench" / "scale_launcher.py"), "measure", "--sd", fleet_.sd,
                              "--control", fleet_.control, "--fault-after", str(fault_after),
-                             *(["--rounds"] if rounds else []), *(["--full"] if full else [])],
+                             *(["--rounds"] if rounds else []), *(["--full"] if full else []),
+                             *(["--product-deadlines"] if product_deadlines else [])],
                             cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
         raise SystemExit(f"measure in {cwd} failed:\n{result.stderr[-3000:]}")
@@ -388,8 +394,8 @@ def fault_nodes_of(nodes: int) -> list[int]:
     return [(index * nodes) // count + nodes // (2 * count) for index in range(count)]
 
 
-def launcher_section(sizes: list[int], _cycles: int, baseline: Path | None) -> None:
-    """The launcher's rows for bench/scale.py (SECTIONS["launcher"])."""
+def launcher_section(sizes: list[int], _cycles: int, baseline: Path | None, product_deadlines: bool = False) -> None:
+    """The launcher's rows for bench/scale.py (SECTIONS["launcher"]); `product_deadlines`: see measure()."""
     rows: list[tuple[int, str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="raypulse-scale-") as directory:
         print("launcher: capturing a real 8-GPU exporter's bodies ...", file=sys.stderr, flush=True)
@@ -400,12 +406,13 @@ def launcher_section(sizes: list[int], _cycles: int, baseline: Path | None) -> N
                 if baseline is not None:
                     print(f"launcher: {nodes} nodes, baseline ...", file=sys.stderr, flush=True)
                     rows.append((nodes, "baseline", run_measure(baseline, fake, began, True,
-                                                                full=nodes <= BASELINE_SKIP_ROUNDS_ABOVE)))
+                                                                full=nodes <= BASELINE_SKIP_ROUNDS_ABOVE,
+                                                                product_deadlines=product_deadlines)))
                 print(f"launcher: {nodes} nodes, this checkout ...", file=sys.stderr, flush=True)
-                result = run_measure(REPO, fake, began, True, full=True)
+                result = run_measure(REPO, fake, began, True, full=True, product_deadlines=product_deadlines)
                 result["faults_expected"] = len(faults)
                 rows.append((nodes, "this checkout", result))
-    print_table(rows)
+    print_table(rows, product_deadlines)
 
 
 def _cell(result: dict[str, Any], key: str) -> str:
@@ -413,15 +420,18 @@ def _cell(result: dict[str, Any], key: str) -> str:
     return f"{item['wall']:.2f} / {item['cpu']:.2f}" if item else "-"
 
 
-def print_table(rows: list[tuple[int, str, dict[str, Any]]]) -> None:
+def print_table(rows: list[tuple[int, str, dict[str, Any]]], product_deadlines: bool = False) -> None:
     print("\n### The launcher vs cluster size (bench.scale --section launcher)\n")
     print(f"Measured on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"a fake fleet of exporters serving a real {GPUS}-GPU node's bytes ({RANKS} ranks training), one XID 79 "
           "node per 500. Wall s / CPU-s of the launcher's process; cold: the first; steady: nothing changed; "
-          "training: every node advanced a step.\n")
+          "training: every node advanced a step. Reads cut at "
+          + ("the product's own deadlines" if product_deadlines else f"{MEASURE_DEADLINE_S:g} s (the fleet shares "
+             "this machine)") + "; answered: the cold check's reads that came back.\n")
     print("| nodes | code | check cold | check steady | check training | 304s (steady) | faults seen | "
-          "round cold | round steady | round training | samples / round | peak RSS (MB): watcher / both |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "round cold | round steady | round training | samples / round | peak RSS (MB): watcher / both | "
+          "answered |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for nodes, name, result in rows:
         steady = result.get("check_steady") or {}
         first = result.get("check_cold") or {}
@@ -432,7 +442,7 @@ def print_table(rows: list[tuple[int, str, dict[str, Any]]]) -> None:
               f"{seen}{f' of {expected}' if expected else ''} | {_cell(result, 'round_cold')} | "
               f"{_cell(result, 'round_steady')} | {_cell(result, 'round_training')} | "
               f"{(result.get('round_cold') or {}).get('samples', '-'):,} | "
-              f"{result['check_rss_mb']:.0f} / {result['rss_mb']:.0f} |")
+              f"{result['check_rss_mb']:.0f} / {result['rss_mb']:.0f} | {first.get('ok', '-')} of {nodes:,} |")
     sys.stdout.flush()
 
 
@@ -451,16 +461,20 @@ def main() -> None:
     run.add_argument("--fault-after", type=float, required=True)
     run.add_argument("--rounds", action="store_true")
     run.add_argument("--full", action="store_true")
+    run.add_argument("--product-deadlines", action="store_true")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--baseline", type=Path)
+    parser.add_argument("--product-deadlines", action="store_true",
+                        help="reads cut at the product's own deadlines (default: 60 s, the fleet shares the machine)")
     args = parser.parse_args()
     if args.command == "fleet":
         serve_fleet(args.nodes, args.healthy, args.faulty,
                     [int(index) for index in args.fault_nodes.split(",") if index], args.port)
     elif args.command == "measure":
-        print(json.dumps(measure(args.sd, args.control, args.fault_after, args.rounds, args.full)))
+        print(json.dumps(measure(args.sd, args.control, args.fault_after, args.rounds, args.full,
+                                 args.product_deadlines)))
     else:
-        launcher_section([int(size) for size in args.sizes.split(",")], 0, args.baseline)
+        launcher_section([int(size) for size in args.sizes.split(",")], 0, args.baseline, args.product_deadlines)
 
 
 if __name__ == "__main__":
