@@ -112,13 +112,14 @@ def kind(process: psutil.Process) -> str:
 
 
 @contextlib.contextmanager
-def kept_cluster(name: str, home: Path, workers: int = 1, worker_gpus: int = 0) -> Iterator[dict[str, Any]]:
+def kept_cluster(name: str, home: Path, workers: int = 1, worker_gpus: int = 0,
+                 worker_cpus: int = 1) -> Iterator[dict[str, Any]]:
     """`launcher up` a local cluster (head + workers, with simulated GPUs if asked) for a module's tests;
     `launcher down` after, with nothing of it left running."""
     exporter_port, progress_port = free_base(1 + workers)
     gpus = ["--worker-gpus", str(worker_gpus), "--simulate-gpus"] if worker_gpus else []
-    result = launcher("up", "--name", name, "--workers", str(workers), *gpus, "--exporter-port", str(exporter_port),
-                      "--progress-port", str(progress_port), home=home)
+    result = launcher("up", "--name", name, "--workers", str(workers), "--worker-cpus", str(worker_cpus), *gpus,
+                      "--exporter-port", str(exporter_port), "--progress-port", str(progress_port), home=home)
     assert result.returncode == 0, result.stderr
     yield json.loads((home / "clusters" / name / "cluster.json").read_text())
     result = launcher("down", name, home=home)
@@ -159,6 +160,9 @@ class SharedCluster:
     runs last on the cluster and takes the result with `finish(run_id)`."""
 
     name = "shared"
+    # Logical CPUs of its worker: the head starts' jobs run side by side, and one that takes a CPU for a task,
+    # an actor or Ray Train's worker must not wait for another's.
+    worker_cpus = 4
 
     def __init__(self, home: Path, head_starts: dict[str, tuple[str, ...]] | None = None) -> None:
         self.home = home
@@ -170,7 +174,8 @@ class SharedCluster:
     def record(self) -> dict[str, Any]:
         """The cluster's record (cluster.json), started if need be, with the head-start runs submitted."""
         if self._record is None:
-            self._record = self._stack.enter_context(kept_cluster(self.name, self.home, worker_gpus=1))
+            self._record = self._stack.enter_context(
+                kept_cluster(self.name, self.home, worker_gpus=1, worker_cpus=self.worker_cpus))
             self._stack.callback(self._stop_unfinished)  # runs before `launcher down`
             for run_id, args in self._head_starts.items():
                 self._started[run_id] = start_launcher("submit", "--cluster", self.name, "--run-id", run_id, *args,

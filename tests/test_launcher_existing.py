@@ -1,29 +1,27 @@
-"""`launcher --address`: submission to a Ray cluster the test starts itself with plain `ray start`
-(token auth on), through the Jobs API only; the same cluster named by RAY_ADDRESS, and a run
-submitted with --no-wait followed afterwards; and the checks made before submitting (token, Ray
-version). Run under `flock /tmp/raypulse-ray.lock`."""
+"""`launcher --address`: submission to a running Ray cluster (token auth on) through the Jobs API only; the
+same cluster named by RAY_ADDRESS, and a run submitted with --no-wait followed afterwards; and the checks
+made before submitting (token, Ray version).
+
+The cluster is the suite's shared one (tests/conftest.py's `shared_cluster`), reached by its dashboard's
+address and token alone, from homes that do not know it: to the launcher it is any cluster. One that
+someone else started with plain `ray start` (no raypulse labels, no exporters of ours) takes runs through
+`--address` in tests/test_launcher_deploy.py. Run under `flock /tmp/raypulse-ray.lock`."""
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import psutil
 import pytest
 
-from scripts.ports import free_port_range
 from tests.conftest import http_get, wait_until
-from tests.launcher_support import cluster_processes, launcher, start_launcher, status_json
+from tests.launcher_support import SharedCluster, launcher, start_launcher, status_json
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -36,37 +34,11 @@ class ExistingCluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[ExistingCluster]:
-    """A one-node Ray cluster (1 CPU) started by hand, as someone else would have."""
-    token = secrets.token_hex(32)
-    token_path = tmp_path_factory.mktemp("token") / "token"
-    token_path.write_text(token)
-    temp = tempfile.mkdtemp(prefix="rpt-")
-    ports = free_port_range(5)  # one block below the ephemeral range (see scripts/ports.py)
-    dashboard = ports
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "RAYPULSE_CLUSTER_TAG": f"existing-{secrets.token_hex(3)}"}
-    env.pop("RAY_ADDRESS", None)
-    log = (Path(temp) / "head.log").open("wb")
-    head = subprocess.Popen(
-        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(ports + 1),
-         "--dashboard-port", str(dashboard), "--dashboard-host", "127.0.0.1", "--ray-client-server-port",
-         str(ports + 2), "--dashboard-agent-listen-port", str(ports + 3), "--metrics-export-port",
-         str(ports + 4), "--num-cpus", "1", "--object-store-memory", str(100 * 2**20), "--temp-dir", temp,
-         "--disable-usage-stats"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    address = f"http://127.0.0.1:{dashboard}"
-    auth = {"Authorization": f"Bearer {token}"}
-    wait_until(lambda: head.poll() is not None or http_get(address + "/api/jobs/", headers=auth)[0] == 200, 120,
-               "the Ray dashboard")
-    assert head.poll() is None, (Path(temp) / "head.log").read_text()
-    yield ExistingCluster(address, token, token_path)
-    children = psutil.Process(head.pid).children(recursive=True)
-    head.send_signal(signal.SIGTERM)
-    head.wait(60)
-    _, alive = psutil.wait_procs(children, timeout=15)
-    for process in alive + cluster_processes("existing"):
-        process.kill()
+def cluster(shared_cluster: SharedCluster) -> ExistingCluster:
+    """The shared cluster as a client elsewhere knows it: its dashboard's address and its token."""
+    record = shared_cluster.record()
+    token_path = Path(record["token_path"])
+    return ExistingCluster(record["address"], token_path.read_text().strip(), token_path)
 
 
 def test_submit_to_an_existing_cluster(cluster: ExistingCluster, tmp_path: Path):

@@ -4,9 +4,11 @@ and is never a reason to restart. The runs that end without succeeding (the same
 the policy stops, a stop or a deadline during a backoff) are tests/test_launcher_run_ends.py's; the
 faults a run heals from, on clusters of their own, are the healing drill's (tests/test_heal_drill.py).
 
-All but the last test submit into the suite's shared cluster (tests/conftest.py's `shared_cluster`:
-a worker with one CPU and one simulated GPU; their run ids start with `heal-`); the last kills a worker's
-exporter, so it has a cluster of its own.
+All but the last test take runs on the suite's shared cluster (tests/conftest.py's `shared_cluster`: a
+worker with one simulated GPU; their run ids start with `heal-`). They mostly wait (a failure, a hang and
+the restart after each), so both are head starts (tests/launcher_support.py's SharedCluster): submitted when
+the shared cluster starts, going on beside the other tests on it, taken last. The last test kills a
+worker's exporter, so it has a cluster of its own.
 
 Run under `flock /tmp/raypulse-ray.lock`.
 """
@@ -26,7 +28,6 @@ from tests.launcher_support import SharedCluster, kept_cluster, launcher, start_
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
-SHARED = SharedCluster.name
 FAST = ["--health-check-interval", "1", "--hang-after", "6"]
 # Reports five steps, then hangs (the driver stays alive: a stuck collective, say).
 HANGS = ("python -c 'import time, ray\nfrom exporter import progress\nray.init()\n"
@@ -38,16 +39,20 @@ HANGS = ("python -c 'import time, ray\nfrom exporter import progress\nray.init()
 PLAIN_HANG = ("python -c 'import time\nfrom exporter import progress\n"
               "for step in range(1, 6):\n    progress.report(step, loss=1.0)\n    time.sleep(0.2)\n"
               "progress.flush()\ntime.sleep(3600)'")
+EXAMPLES = str(REPO / "examples")
+HEAD_START = {
+    "heal-resume-1": ("--working-dir", EXAMPLES, "--max-retries", "1", "--retry-backoff", "1", "--",
+                      "python train.py --steps 30 --checkpoint-every 10 --fail-at-step 25 --step-seconds 0.05"),
+    "heal-train-v2-1": ("--working-dir", EXAMPLES, *FAST, "--hang-after", "10", "--retry-backoff", "1", "--",
+                        "python train_ray_train.py --workers 1 --steps 30 --checkpoint-every 10 --step-seconds 0.1 "
+                        "--hang-at-step 15"),
+}
+FINISH_S = 280  # the most either may still take when its test comes (they started with the cluster)
 
 
 @pytest.fixture(scope="module")
 def home(shared_launcher_home: Path) -> Path:
     return shared_launcher_home  # where the shared cluster is known
-
-
-@pytest.fixture(scope="module")
-def kept(shared_cluster: SharedCluster) -> dict:
-    return shared_cluster.record()
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +77,8 @@ def kinds(record: dict) -> list[str]:
     return [event["kind"] for event in record["events"]]
 
 
-def test_the_example_resumes_from_its_last_checkpoint(home: Path, kept: dict):
-    result = launcher("submit", "--cluster", SHARED, "--run-id", "heal-resume-1", "--working-dir",
-                      str(REPO / "examples"), "--max-retries", "1", "--retry-backoff", "1", "--", "python train.py "
-                      "--steps 30 --checkpoint-every 10 --fail-at-step 25 --step-seconds 0.05", home=home)
+def test_the_example_resumes_from_its_last_checkpoint(home: Path, shared_cluster: SharedCluster):
+    result = shared_cluster.finish("heal-resume-1", timeout=FINISH_S)
     assert result.returncode == 0, result.stderr
     checkpoints = home / "runs" / "heal-resume-1" / "checkpoints"
     assert f"attempt 2 resumes from step 20 ({checkpoints / 'step-000020.json'})" in result.stdout
@@ -84,11 +87,8 @@ def test_the_example_resumes_from_its_last_checkpoint(home: Path, kept: dict):
     assert "step   30" in result.stdout
 
 
-def test_ray_train_resumes_itself_after_a_hang(home: Path, kept: dict):
-    result = launcher("submit", "--cluster", SHARED, "--run-id", "heal-train-v2-1", "--working-dir",
-                      str(REPO / "examples"), *FAST, "--hang-after", "10", "--retry-backoff", "1", "--",
-                      "python train_ray_train.py --workers 1 --steps 30 --checkpoint-every 10 --step-seconds 0.1 "
-                      "--hang-at-step 15", home=home, timeout=280)
+def test_ray_train_resumes_itself_after_a_hang(home: Path, shared_cluster: SharedCluster):
+    result = shared_cluster.finish("heal-train-v2-1", timeout=FINISH_S)
     assert result.returncode == 0, result.stderr
     assert "attempt 1: hang (rank 0 made no progress for" in result.stderr
     assert "rank 0: resumed from step 10" in result.stdout  # Ray Train's own resume, same storage and name
