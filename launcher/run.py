@@ -233,8 +233,11 @@ class _LogTail:
                 self.printed += len(chunk)
                 self._show(chunk)
 
-    def close(self) -> int:
-        self._thread.join(timeout=1)  # the stream closes a little after the end; the rest is caught up
+    def close(self, catch_up: float = 0.0) -> int:
+        """Stop printing; returns how much was printed. The stream closes up to a second after the job's end
+        (Ray's tail looks for it once a second): what it has not printed yet comes from the saved log, unless
+        there will be none (the cluster stopped answering), when it gets `catch_up` seconds to come."""
+        self._thread.join(timeout=catch_up)
         with self._lock:
             self._closed = True
         return self.printed
@@ -482,7 +485,7 @@ class Run:
             return ending or (seen.status if seen is not None else "STOPPED"), seen
         # The attempt's last values, before a node is replaced or the cluster goes.
         self._record(True, f"attempt {attempt} ended")
-        printed = tail.close() if tail is not None else 0
+        printed = tail.close(catch_up=1.0 if self._unanswered else 0.0) if tail is not None else 0
         if self._unanswered:  # its log would wait on a cluster that stopped answering, past a pod's grace period
             self.reporter.warn(f"the cluster did not answer: the log of attempt {attempt} was not fetched "
                                f"(`launcher logs {self.record.run_id} --attempt {attempt}` once it answers)")
