@@ -24,11 +24,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from exporter.contract import wire
 from launcher import detach as detaching
-from launcher import recording, target
+from launcher import target
 from launcher.backends.base import Followed, NodeLogs, Placement
 from launcher.backends.kept import cluster_client
 from launcher.backends.local.cluster import LocalCluster, forget_cluster, stop_cluster_processes
@@ -37,10 +37,7 @@ from launcher.backends.registry import BACKENDS, TARGETED, resolve, target_clien
 from launcher.display import Reporter
 from launcher.errors import BadInput, Cancelled, InfraError
 from launcher.exitcodes import FINAL_STATES, ExitCode
-from launcher.healing import Healing
 from launcher.health import stacks
-from launcher.health.fleet import FleetReader
-from launcher.health.promql import PromqlReader
 from launcher.jobs import TERMINAL, JobsClient
 from launcher.journal import Journal
 from launcher.run import Run, job_view, seen_of, update_attempt
@@ -57,6 +54,10 @@ from launcher.state import (
     valid_name,
 )
 from launcher.tracing import RunTrace, traces_url
+
+if TYPE_CHECKING:
+    from launcher import recording
+    from launcher.healing import Healing
 
 JOB_STOP_TIMEOUT_S = 15.0  # `launcher down`: how long the cluster's jobs get to stop before its processes do
 
@@ -90,6 +91,12 @@ def _healing(spec: JobSpec, journal: Journal, placement: Placement) -> Healing |
     """The run's health watcher: it reads the exporters the backend names and acts through its remedy."""
     if not spec.health.enabled:
         return None
+    # The watcher and the recorder load only for a run that has them: not at every command's start
+    # (numpy, the exporters' digest and /metrics parser are most of a `launcher` start-up otherwise).
+    from launcher.healing import Healing
+    from launcher.health.fleet import FleetReader
+    from launcher.health.promql import PromqlReader
+
     exporters = placement.exporters
     source = spec.health.source  # spec.py: prometheus only with a Prometheus to read
     fleet = FleetReader(exporters.head_url, lambda: exporters.access) if source != "direct" else None
@@ -106,6 +113,8 @@ def _recorder(spec: JobSpec, journal: Journal, placement: Placement) -> recordin
     alerts and keeps their windows whole (launcher/record_alerts.py)."""
     if not spec.recorded:
         return None
+    from launcher import recording  # see _healing: loaded for a recorded run only
+
     record = journal.record
     assert record is not None
     exporters = placement.exporters

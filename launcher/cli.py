@@ -26,7 +26,6 @@ from exporter.outputflag import format_option
 from launcher import api, checkpoint_advice, detach, redact, target
 from launcher.backends.base import Backend, HandedOff
 from launcher.backends.existing import client_for
-from launcher.backends.kuberay import render as kuberay
 from launcher.backends.kuberay.backend import KubeRayBackend
 from launcher.backends.local.backend import UP_CLUSTER_NAME, LocalBackend
 from launcher.backends.registry import resolve
@@ -532,6 +531,8 @@ def down(names: tuple[str, ...], all_clusters: bool, output: str) -> None:
 def render(file: Path | None, output: str, **options: Any) -> None:
     """Print the KubeRay manifests of a job: Secret, RayJob (+ exporter sidecars), PodMonitor (-o json:
     one v1 List, as kubectl)."""
+    from launcher.backends.kuberay import render as kuberay  # the KubeRay renderer: for this command only
+
     options["backend"] = KubeRayBackend.name
     try:
         spec = spec_from_options(file, options).with_run_id()

@@ -13,13 +13,12 @@ import re
 import sys
 import threading
 import time
-from typing import TextIO
-
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from typing import TYPE_CHECKING, TextIO
 
 from launcher import redact
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL, C1
 
@@ -36,6 +35,13 @@ def printable(text: str, keep: str = "") -> str:
 def own_line(text: str) -> str:
     """One of the launcher's own lines (a message may quote a command, a URL, a cluster's answer)."""
     return printable(redact.text(text), keep="\n")
+
+
+def _markup(text: str) -> str:
+    """One of the launcher's own lines as rich markup that shows it as it is."""
+    from rich.markup import escape
+
+    return escape(own_line(text))
 
 
 class Reporter:
@@ -100,6 +106,10 @@ class RichReporter(PlainReporter):
     the live display ends and events become coloured lines between the job's lines."""
 
     def __init__(self) -> None:
+        # rich loads with the first live display (a submit on a terminal), not at every command's start.
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
         super().__init__()
         self._console = Console(stderr=True, highlight=False)
         self._progress: Progress | None = Progress(
@@ -117,26 +127,26 @@ class RichReporter(PlainReporter):
         if self._progress is None:
             super().step(key, text)
             return
-        self._tasks[key] = self._progress.add_task(escape(own_line(text)), total=1)
+        self._tasks[key] = self._progress.add_task(_markup(text), total=1)
 
     def done(self, key: str, text: str) -> None:
         task = self._tasks.pop(key, None)
         if self._progress is None or task is None:
             super().done(key, text)
             return
-        self._progress.update(task, description=escape(own_line(text)), completed=1)
+        self._progress.update(task, description=_markup(text), completed=1)
 
     def _print(self, markup: str) -> None:
         (self._progress.console if self._progress else self._console).print(markup, soft_wrap=True)
 
     def _line(self, text: str) -> None:  # the plain reporter's lines, once the live display is over
-        self._print(f"[bold]launcher:[/] {escape(own_line(text))}")
+        self._print(f"[bold]launcher:[/] {_markup(text)}")
 
     def info(self, text: str) -> None:
-        self._print(f"[bold]launcher:[/] {escape(own_line(text))}")
+        self._print(f"[bold]launcher:[/] {_markup(text)}")
 
     def warn(self, text: str) -> None:
-        self._print(f"[bold yellow]launcher: warning:[/] {escape(own_line(text))}")
+        self._print(f"[bold yellow]launcher: warning:[/] {_markup(text)}")
 
     def log(self, text: str) -> None:
         self._end_live()

@@ -17,9 +17,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import bcrypt
-import yaml
-
 from exporter.config import read_yaml_file
 from launcher.state import ExporterAccess, write_private
 
@@ -72,6 +69,8 @@ def add_launcher_user(data: dict) -> tuple[str, str]:
     """Add the launcher's own user to a web config's basic_auth_users (a mapping as read from YAML),
     with a random password hashed at the users' own bcrypt cost (a login's time must not tell which
     user exists); returns the user name and the password."""
+    import bcrypt  # only with a web config's users: not at every command's start
+
     users = data["basic_auth_users"]
     username = LAUNCHER_USER
     while username in users:
@@ -86,6 +85,8 @@ def prepare_web_config(source: Path, directory: Path) -> ExporterAccess:
     """Write the launcher's copy of the user's web config into `directory` (0600) and say how to reach
     exporters serving it. The user's file was checked with the spec (JobSpec.exporter_web_config);
     raises exporter.config.ConfigError if it changed into something that cannot work since."""
+    import yaml  # as exporter/userinput.py: PyYAML when YAML is written
+
     from exporter.serving.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
 
     config = load_web_config(source)  # with its certificate paths resolved against its folder

@@ -18,7 +18,6 @@ answers is a ClusterLost (a job row that is not, in a list, is left out: anyone 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
@@ -167,6 +166,7 @@ class JobsClient:
 
     def follow_logs(self, submission_id: str, write: Callable[[str], None]) -> threading.Thread:
         """Stream the job's log to `write` from a thread until the job ends (or the socket closes)."""
+        import asyncio  # for Ray's log tail only: not at every command's start
 
         async def tail() -> None:
             async for chunk in self._client.tail_job_logs(submission_id):

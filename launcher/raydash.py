@@ -18,8 +18,6 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from launcher.health import exporters
-
 Filter = tuple[str, str, str]  # (key, "=" | "!=", value), as the State API takes them
 STATE_LIMIT = 10_000  # the State API's own ceiling
 READ_TIMEOUT_S = 10.0  # one read of the REST API, its whole answer (the version check, the State API)
@@ -48,6 +46,10 @@ def bounded(response: Any, deadline: float, timeout: float) -> Any:
         raise RedirectRefused(f"the Ray dashboard answered {response.status_code} to {where or 'elsewhere'}: a "
                               "redirect is not followed (the token and --headers would go with it); give the "
                               "address it names, if you trust it")
+    # The exporters' bounded reader, loaded with the first answer read: its module brings the /metrics parser
+    # and the health digest, which a command that asks no dashboard (`launcher status --help`) does not need.
+    from launcher.health import exporters
+
     raw = response.raw
     expired = threading.Event()
     connection = getattr(raw, "connection", None)

@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from launcher.errors import BadInput
-from launcher.health.exporters import Target
-from launcher.health.remedy import NodeRemedy
-from launcher.jobs import JobsClient
-from launcher.journal import Journal
-from launcher.raydash import RayDashboard
 from launcher.state import ClusterRecord, ExporterAccess, RunRecord, claim_supervision, clear_stop, release_supervision
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: every command imports this protocol, not all of what a run reads
     from launcher.display import Reporter
+    from launcher.health.exporters import Target
+    from launcher.health.remedy import NodeRemedy
+    from launcher.jobs import JobsClient
+    from launcher.journal import Journal
+    from launcher.raydash import RayDashboard
     from launcher.spec import JobSpec
 
 

@@ -23,12 +23,12 @@ from launcher.backends.kinds import ExistingKind
 from launcher.backends.rayjobs import OnRayJobs, RayJobs
 from launcher.deploy import remote
 from launcher.errors import BadInput, InfraError
-from launcher.health.faults import Fault
 from launcher.jobs import JobsClient, read_token
-from launcher.journal import Journal
 from launcher.state import RunRecord, load_cluster, load_run
 
 if TYPE_CHECKING:
+    from launcher.health.faults import Fault
+    from launcher.journal import Journal
     from launcher.spec import JobSpec
 
 

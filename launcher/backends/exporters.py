@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from exporter.contract import wire
 from launcher.deploy import remote
 from launcher.errors import InfraError
-from launcher.health.exporters import Target, TargetSource, from_sd
 from launcher.jobs import JobsClient
 from launcher.state import ClusterRecord, ExporterAccess, load_deployment_access
+
+if TYPE_CHECKING:
+    from launcher.health.exporters import Target, TargetSource
 
 
 class ClusterExporters:
@@ -33,6 +36,10 @@ class ClusterExporters:
         return next((ref.progress_url for ref in record.exporters if ref.role == "head"), None) if record else None
 
     def targets(self) -> list[Target]:
+        # The exporters' reader loads with the first read (its /metrics parser and the health digest are not for
+        # every command that resolves a backend).
+        from launcher.health.exporters import Target
+
         record = self._record()
         if record is None:
             return []
@@ -66,6 +73,8 @@ class DeployedExporters:
         self._finding = threading.Lock()  # the watcher and the recorder ask from their own threads: found once
 
     def sd_url(self) -> str:
+        from launcher.health.exporters import from_sd  # see ClusterExporters.targets
+
         with self._finding:
             if self._sd_url is None:
                 self._sd_url = head_exporter(self.client, self.access) + wire.SD_PATH

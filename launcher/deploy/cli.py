@@ -12,11 +12,10 @@ from typing import Any
 
 import click
 
-from alerts import prometheus
 from exporter.config import ConfigError
 from exporter.contract import wire
 from exporter.outputflag import format_option
-from launcher.deploy import prometheus_scale, remote
+from launcher.deploy import remote
 from launcher.deploy.manifests_cli import manifests
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
@@ -193,6 +192,8 @@ def _scale_options(func: Callable) -> Callable:
 def _scale(document: dict[str, Any], shards: int, shard: int, remote_write: str | None, remote_write_user: str | None,
            remote_write_password_file: str | None, remote_write_bearer_token_file: str | None,
            cut: bool) -> dict[str, Any]:
+    from launcher.deploy import prometheus_scale
+
     document = prometheus_scale.shard(document, shards, shard)
     if remote_write:
         document = prometheus_scale.remote_write(document, remote_write, user=remote_write_user,
@@ -222,6 +223,11 @@ def prometheus_config(address: str, token_path: Path | None, scrape_interval: st
     """Print a Prometheus config: every node's exporter through the head exporter's /sd, and the
     rules of alerts/rules/ (absolute paths). Large clusters: --shards/--shard, --remote-write, --cut
     (docs/scale.md). -o json: the same document as JSON (Prometheus reads YAML)."""
+    # The rules, the scale-out and the cut (which reads the dashboards) load for this command only: every
+    # `launcher` command registers it, few run it.
+    from alerts import prometheus
+    from launcher.deploy import prometheus_scale
+
     if bool(basic_auth_user) != bool(basic_auth_password_file):
         fail("prometheus-config", "--basic-auth-user: give it with --basic-auth-password-file (Prometheus reads "
              "the password from that file)", ExitCode.BAD_INPUT, address=address)

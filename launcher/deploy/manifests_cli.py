@@ -12,7 +12,6 @@ import click
 
 from exporter import outputflag, profiles, userinput
 from exporter.outputflag import format_option
-from launcher.deploy import manifests as k8s
 from launcher.exitcodes import ExitCode
 from launcher.failing import fail
 
@@ -114,6 +113,8 @@ def manifests(node_selector: tuple[str, ...], tolerations: tuple[str, ...], affi
     """Kubernetes manifests: ServiceAccount, DaemonSet, Service, ServiceMonitor, PrometheusRule, dashboard
     ConfigMaps (docs/kubernetes.md). -o json: one v1 List on stdout (with --dir or --kustomize: what was
     written, as JSON)."""
+    from launcher.deploy import manifests as k8s  # the renderer and its templates: for this command only
+
     output, directory = outputflag.resolve_dir("launcher", output, directory, FORMATS)
     if directory is not None and kustomize_dir is not None:
         raise click.UsageError("give --dir or --kustomize, not both")

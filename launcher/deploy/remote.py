@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import exporter
 from exporter import userinput
 from exporter.config import ConfigError, read_yaml_file
@@ -97,6 +95,8 @@ class WebBundle:
 def web_config_bundle(path: Path) -> WebBundle:
     """Check the user's web config and bundle it with its certificates; with basic auth, add the
     launcher's own user. Raises ConfigError (naming the file) for one that cannot work."""
+    import yaml  # as exporter/userinput.py: PyYAML when YAML is written, not at every command's start
+
     from exporter.serving.webconfig import load_web_config  # aiohttp's server side: only when a web config is given
 
     config = load_web_config(path)

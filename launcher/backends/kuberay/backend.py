@@ -1,7 +1,10 @@
 """The KubeRay backend: the run is rendered as a RayJob (render.py) and applied to the cluster of the
 kubeconfig context (access.py). KubeRay supervises it (backoffLimit retries, activeDeadlineSeconds, a new
 RayCluster per retry), so the launcher hands it off: it records the run at once and the attempt engine
-(launcher/run.py) follows the RayJob's attempts to KubeRay's end of it (follow.py says how)."""
+(launcher/run.py) follows the RayJob's attempts to KubeRay's end of it (follow.py says how).
+
+The registry lists this class for every command: the renderer, the follower and Kubernetes access load in
+the methods that use them, so that a command without a KubeRay run does not pay for them at start."""
 
 from __future__ import annotations
 
@@ -14,9 +17,6 @@ from typing import TYPE_CHECKING
 
 from launcher.backends.base import NodeLogs, new_record, unsupervised
 from launcher.backends.kinds import KubeRayKind
-from launcher.backends.kuberay import render
-from launcher.backends.kuberay.access import KubeAccess, kube_api
-from launcher.backends.kuberay.follow import RayJobAttempts, catch_up, pod_log, stop_unfollowed
 from launcher.errors import BadInput, InfraError
 from launcher.exitcodes import ExitCode
 from launcher.jobs import JobsClient
@@ -26,6 +26,7 @@ from launcher.state import RunRecord, claim_supervision, load_run, release_super
 from launcher.tracing import RunTrace, traces_url
 
 if TYPE_CHECKING:
+    from launcher.backends.kuberay.access import KubeAccess
     from launcher.display import Reporter
     from launcher.healing import Healing
     from launcher.recording import Recorder
@@ -82,6 +83,10 @@ class KubeRayBackend(KubeRayKind):
         return None
 
     def hand_off(self, reporter: Reporter, cancel: threading.Event, detach: bool) -> RunRecord:
+        from launcher.backends.kuberay import render
+        from launcher.backends.kuberay.access import kube_api
+        from launcher.backends.kuberay.follow import RayJobAttempts
+
         access = kube_api(self.spec.context)
         assert self.spec.run_id is not None
         # One launcher follows a run: a second submit of the same run id is refused before it applies.
@@ -129,6 +134,8 @@ class KubeRayBackend(KubeRayKind):
 
     @classmethod
     def refresh(cls, record: RunRecord, token_path: Path | None = None) -> None:
+        from launcher.backends.kuberay.follow import catch_up
+
         if record.detached or unsupervised(record):
             with contextlib.suppress(BadInput):  # a cluster that does not answer: the run as recorded
                 catch_up(record)  # nobody else keeps its record up to date
@@ -137,6 +144,8 @@ class KubeRayBackend(KubeRayKind):
     def live_log(cls, record: RunRecord, attempt: int, write: Callable[[str], None], follow: bool,
                  token_path: Path | None = None) -> bool:
         """The latest attempt's submitter pod's log, while the pod is there and no log was saved."""
+        from launcher.backends.kuberay.follow import pod_log
+
         latest = record.attempts[-1] if record.attempts else None
         if latest is None or latest.attempt != attempt or record.attempt_log(attempt).exists():
             return False
@@ -158,4 +167,6 @@ class KubeRayBackend(KubeRayKind):
             Journal(run_id=record.run_id).emit("run.stop_requested", stopped=[record.run_id],
                                                trace_id=record.trace_id)
             return [record.run_id]
+        from launcher.backends.kuberay.follow import stop_unfollowed
+
         return stop_unfollowed(record)

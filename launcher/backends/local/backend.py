@@ -17,13 +17,13 @@ from launcher.backends.kinds import LocalKind
 from launcher.backends.local.cluster import LocalCluster
 from launcher.backends.rayjobs import OnRayJobs, RayJobs
 from launcher.errors import BadInput, InfraError
-from launcher.health.faults import Fault
 from launcher.jobs import JobsClient
-from launcher.journal import Journal
 from launcher.run import finish_run
 from launcher.state import ClusterRecord, RunRecord, load_cluster, load_run
 
 if TYPE_CHECKING:
+    from launcher.health.faults import Fault
+    from launcher.journal import Journal
     from launcher.spec import JobSpec
 
 UP_CLUSTER_NAME = "local"  # `launcher up` without --name

@@ -34,7 +34,6 @@ import psutil
 
 from exporter.config import ConfigError
 from exporter.contract import wire
-from exporter.serving.binding import can_listen
 from launcher.errors import BadInput, Cancelled, InfraError
 from launcher.exporter_plan import PROGRESS_HOST, ExporterPlan, prepare_web_config
 from launcher.health import stacks
@@ -150,6 +149,8 @@ def check_ports(nodes: list[NodePlan]) -> None:
     """The fixed exporter and progress ports must be distinct and free before anything starts: free
     as the exporter binds them (a port whose last connections linger in TIME-WAIT is free). /metrics
     will listen on the node's IP, known once Ray reports it: a listener on any IPv4 address counts."""
+    from exporter.serving.binding import can_listen  # asyncio's bind, the exporter's: for a start only
+
     planned = [port for node in nodes for port in (node.exporter.port, node.exporter.progress_port)]
     if len(set(planned)) != len(planned):
         raise PortInUse("exporter_port: with progress_port, it gives two nodes the same port (node i uses "
