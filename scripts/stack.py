@@ -42,9 +42,10 @@ def binaries() -> tuple[str, str] | None:
     return (prometheus, alertmanager) if prometheus and alertmanager else None
 
 
-def alertmanager_config(webhook_url: str, fast: bool = False) -> dict[str, Any]:
+def alertmanager_config(webhook_url: str, fast: bool = False, grouping: str = "1s") -> dict[str, Any]:
     """alerts/alertmanager.yml with every webhook sent to `webhook_url` (same path), and with
-    `fast`, grouping waits of a second so that a test sees notifications at once."""
+    `fast`, group_wait and group_interval of `grouping` (a second unless told: tests/test_alerts_alertmanager.py
+    counts on it) so that a test sees notifications at once."""
     config = yaml.safe_load(prometheus.ALERTMANAGER_EXAMPLE.read_text())
     for receiver in config["receivers"]:
         for hook in receiver.get("webhook_configs", []):
@@ -53,7 +54,7 @@ def alertmanager_config(webhook_url: str, fast: bool = False) -> dict[str, Any]:
     if fast:
         routes = [config["route"], *config["route"].get("routes", [])]
         for route in routes:
-            for key, value in (("group_wait", "1s"), ("group_interval", "1s")):
+            for key, value in (("group_wait", grouping), ("group_interval", grouping)):
                 if key in route or route is config["route"]:
                     route[key] = value
     return config
@@ -145,11 +146,12 @@ class Stack:
 def start(workdir: Path, *, targets: list[str] | None = None, sd_url: str | None = None,
           labels: dict[str, str] | None = None, webhook_url: str = "http://127.0.0.1:9096",
           rules_dir: Path = prometheus.RULES_DIR, scrape_interval: str = "15s", evaluation_interval: str = "15s",
-          fast: bool = False, with_prometheus: bool = True,
+          fast: bool = False, grouping: str = "1s", with_prometheus: bool = True,
           relabel_configs: list[dict[str, Any]] | None = None, watchdog: bool = True) -> Stack:
     """Start Alertmanager, then Prometheus, both on free loopback ports, and wait until both are
     ready. `targets` (with `labels`, e.g. cluster and node) or `sd_url` (a head exporter's /sd)
-    say what to scrape. `fast` shortens Alertmanager's grouping waits and Prometheus's resend delay.
+    say what to scrape. `fast` shortens Alertmanager's grouping waits (to `grouping`, e.g. "100ms") and
+    Prometheus's resend delay.
     `with_prometheus=False` starts Alertmanager alone (alerts are then posted to its API). `watchdog`:
     RaypulseWatchdog too (the opt-in rules/watchdog.yml where `rules_dir` has it)."""
     found = binaries()
@@ -161,7 +163,7 @@ def start(workdir: Path, *, targets: list[str] | None = None, sd_url: str | None
     stack = Stack(f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}", workdir)
     try:
         am_config = workdir / "alertmanager.yml"
-        am_config.write_text(yaml.safe_dump(alertmanager_config(webhook_url, fast), sort_keys=False))
+        am_config.write_text(yaml.safe_dump(alertmanager_config(webhook_url, fast, grouping), sort_keys=False))
         am_log, am_data = workdir / "alertmanager.log", tempfile.mkdtemp(prefix="alertmanager-", dir=workdir)
         stack.processes.append(subprocess.Popen(
             [alertmanager_bin, f"--config.file={am_config}", f"--storage.path={am_data}",

@@ -10,8 +10,10 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import yaml
 
 from scripts import stack
+from scripts.drill.run import GROUPING
 from scripts.webhook import Webhook
 from tests.conftest import REPO, binary
 
@@ -22,6 +24,16 @@ CONFIG = REPO / "alerts" / "alertmanager.yml"
 
 def test_amtool_check_config_is_clean():
     result = subprocess.run([binary("amtool"), "check-config", str(CONFIG)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_the_drills_sub_second_grouping_is_valid_for_amtool(tmp_path):
+    config = stack.alertmanager_config("http://127.0.0.1:9096", fast=True, grouping=GROUPING)
+    assert (config["route"]["group_wait"], config["route"]["group_interval"]) == (GROUPING, GROUPING)
+    rendered = tmp_path / "alertmanager.yml"
+    rendered.write_text(yaml.safe_dump(config, sort_keys=False))
+    result = subprocess.run([binary("amtool"), "check-config", str(rendered)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 

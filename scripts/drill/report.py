@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scripts.drill.faults import QUICK
-from scripts.drill.run import COLLECTOR_INTERVALS, SCALE, SCRAPE_SECONDS, SLACK_SECONDS, Outcome, Report
+from scripts.drill.run import COLLECTOR_INTERVALS, GROUPING, SCALE, SCRAPE_SECONDS, SLACK_SECONDS, Outcome, Report
 
 # Labels worth showing in the table (the rest: job, instance, severity, scope, uuid ...).
 SHOWN = ("node", "gpu", "xid", "call", "collector", "submission_id", "rank")
@@ -34,7 +34,7 @@ def render(report: Report) -> str:
         f"(`Config.scaled`, `python -m alerts.build --scale`): `for: 5m` becomes 10s, a 15m window 30s.",
         f"- Scrape and evaluation interval {SCRAPE_SECONDS}s; collectors "
         + ", ".join(f"{name} {seconds}s" for name, seconds in COLLECTOR_INTERVALS.items())
-        + "; Alertmanager group_wait/group_interval 1s; Ray's node health check 1s x 5.",
+        + f"; Alertmanager group_wait/group_interval {GROUPING}; Ray's node health check 1s x 5.",
         "- The launcher's health watcher runs with every `health.on_*` set to `report`: it sees the same "
         "faults and would otherwise stop the job (`make heal-drill` tests that half; docs/healing-drill.md).",
         f"- Budget of each alert = scrape + evaluation interval + its scaled `for` + the source's own delay "

@@ -120,7 +120,7 @@ def run(quick: bool = False, healthy_seconds: float = 90.0, workdir: Path | None
         alerting = cleanup.enter_context(stack.start(
             workdir / "stack", sd_url=record.exporters[0].url + wire.SD_PATH, webhook_url=hook.url,
             rules_dir=rules, scrape_interval=f"{SCRAPE_SECONDS}s", evaluation_interval=f"{SCRAPE_SECONDS}s",
-            fast=True, relabel_configs=_relabel(record.exporters)))
+            fast=True, grouping=drill.GROUPING, relabel_configs=_relabel(record.exporters)))
         watch_from = time.time()
         actors = _wait("the job's actors", lambda: job_file(".actors.json"), 240)
         # Tie the actors to the worker's GPUs: NVML lists each process on its GPU, as CUDA's would be.
