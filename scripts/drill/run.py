@@ -104,7 +104,8 @@ def _ports(nodes: int) -> dict[str, int]:
     return {"exporter_port": base, "progress_port": base + 1}
 
 
-def _wait(what: str, predicate, timeout: float, interval: float = 0.5):
+def _wait(what: str, predicate, timeout: float, interval: float = 0.1):
+    """`predicate()`'s first truthy result, asked every `interval` s (files and local Prometheus queries: cheap)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
