@@ -125,18 +125,18 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {TRAINER_MODULE: _patch_trans
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds a module to patch as the other finders do, and patches it once it has run."""
+    """Finds a module to patch as the other finders do, and patches it once it has run. A module is
+    crossed off when it was patched, not when it was looked for: `importlib.util.find_spec(name)` looks
+    without importing, and an import that fails may be tried again."""
 
     def __init__(self, waiting: dict[str, Callable[[ModuleType], None]]) -> None:
         self.waiting = waiting
 
     def find_spec(self, name: str, path: Sequence[str] | None = None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        patch = self.waiting.pop(name, None)
+        patch = self.waiting.get(name)
         if patch is None:
             return None
-        if not self.waiting:
-            sys.meta_path.remove(self)  # every module patched: out of the way of every later import
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -145,6 +145,9 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         def exec_module(module: ModuleType) -> None:
             run(module)
             patch(module)
+            self.waiting.pop(name, None)
+            if not self.waiting and self in sys.meta_path:
+                sys.meta_path.remove(self)  # every module patched: out of the way of every later import
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
