@@ -32,8 +32,9 @@ class Trainer:  # the user's code: nothing of raypulse
 ray.init()
 attached = ray.get(Trainer.remote().run.remote())
 print("callbacks attached:", attached)
-# The verdict is the exit status, not the line: in one CI run the launcher's output lacked it, and a job's log
-# is not where its result is kept (Ray prints the actor's output in the driver beside the driver's own).
+# The verdict is the exit status, not the line: in one CI run the log lacked it and the actor's last lines.
+# The driver prints this as Ray's thread prints the actor's output to the same sys.stdout, and CPython 3.11's
+# TextIOWrapper can drop text written from two threads at once (python/cpython#118138, #119506).
 sys.exit(0 if attached == 1 else 3)
 """
 
