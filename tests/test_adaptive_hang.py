@@ -20,13 +20,35 @@ from tests.launcher_support import SharedCluster, launcher, status_json
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
-# Steps of 0.2 s for 250 s, then it hangs with its driver alive (a stuck collective, say). The threshold is
-# learned at the 20th check of the default 10 s that saw it advance: about 215 s after the job started (the
-# first check comes at about 14 s), so three checks to spare.
-FAST_THEN_HANGS = ("python -c 'import time\nfrom exporter import progress\nbegan = time.time()\nstep = 0\n"
-                   "while time.time() - began < 250:\n    step += 1\n    progress.report(step, loss=1.0)\n"
-                   "    time.sleep(0.2)\nprogress.flush()\ntime.sleep(3600)'")
-# Submitted when the shared cluster starts; the other tests on it run during its six minutes, this one last.
+# Steps of 0.2 s until the launcher has learned its threshold from them (its run record, in the launcher's home,
+# which the shared cluster's processes inherit, says so), then it hangs with its driver alive (a stuck
+# collective, say). The threshold is learned at the 20th check of the default 10 s that saw it advance: about
+# 215 s after the job started (the first check comes at about 14 s). At 250 s it hangs all the same, so that
+# a threshold never learned fails the test below rather than its timeout.
+FAST_THEN_HANGS = """python -c '
+import json, os, time
+from pathlib import Path
+from exporter import progress
+
+record = Path(os.environ["RAYPULSE_HOME"]) / "runs" / "adaptive-fast-1" / "run.json"
+
+def learned() -> bool:
+    try:
+        events = json.loads(record.read_text())["events"]
+    except (OSError, ValueError):  # written atomically, but not there yet
+        return False
+    return any(e["kind"] == "health.threshold" and e["details"]["rule"] == "steps" for e in events)
+
+began = time.time()
+step = 0
+while time.time() - began < 250 and not (step % 5 == 0 and learned()):
+    step += 1
+    progress.report(step, loss=1.0)
+    time.sleep(0.2)
+progress.flush()
+time.sleep(3600)
+'"""
+# Submitted when the shared cluster starts; the other tests on it run during its five minutes, this one last.
 HEAD_START = {"adaptive-fast-1": ("--max-retries", "0", "--", FAST_THEN_HANGS)}
 
 
