@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import trustme
 
+from launcher.backends.kuberay.follow import LOG_NOTE_S, LOG_POLL_MAX_S, POLL_S
 from tests.conftest import REPO, wait_until
 from tests.fake_kube import VALIDATION_FAILED, Attempt, FakeApiServer, launcher_env, launching
 
@@ -226,13 +227,26 @@ def test_under_kueue_the_queue_and_a_preemption_are_not_failures(env: dict[str, 
     assert launcher(env, "logs", "kq-1", "--attempt", "2").stdout == "second\n"
 
 
+def _looks_around(seconds: float) -> tuple[float, float]:
+    """When the log follower looks for a submitter pod (POLL_S doubling up to LOG_POLL_MAX_S, from when it saw
+    the attempt run): the first look past `seconds`, and the one after it."""
+    at, wait = 0.0, POLL_S
+    while at <= seconds:
+        at, wait = at + wait, min(wait * 2, LOG_POLL_MAX_S)
+    return at, at + wait
+
+
 def test_a_submitter_pod_that_comes_late_is_followed_through_an_outage(env: dict[str, str],
                                                                        api_server: FakeApiServer):
     """The submitter pod waits for a node while the attempt is Running, and the API server blinks meanwhile:
     the log follower says once that the log is not there yet and keeps looking; the driver's output is
     streamed and saved whole (never an empty attempt log that hides the pod's)."""
+    # The follower says so at its first look past LOG_NOTE_S (7.5 s after it saw the attempt run): the pod comes
+    # halfway to the next look (15.5 s), seconds from each, however late the follower saw the attempt (a pod at
+    # 8 s left half a second: in one CI run, the note's look found it).
+    said, found = _looks_around(LOG_NOTE_S)
     api_server.scripts["late-1"] = [Attempt("SUCCEEDED", ["step 1", "step 2"], until_followed=True,
-                                            pod_after_s=8.0)]
+                                            pod_after_s=(said + found) / 2)]
     process = submitting(env, "late-1")
     try:
         wait_until(lambda: _seen(env, "late-1"), 60, "the attempt to be seen")
