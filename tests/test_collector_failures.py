@@ -20,7 +20,8 @@ from exporter.framework.collector import AsyncCollector, BlockingCollector
 from exporter.serving.server import Exporter
 
 INTERVAL = 0.2
-STALE_AFTER_INTERVALS = 3
+# The hanging collector's one value is served this many intervals (3 s): seconds for the test to see it first.
+STALE_AFTER_INTERVALS = 15
 
 TICKS = MetricSpec("raypulse_test_ticks_total", MetricType.COUNTER, "Runs of the healthy collector.", (), "healthy")
 HANGING_VALUE = MetricSpec("raypulse_test_hanging_value", MetricType.GAUGE, "Set by the first run.", (), "hanging")

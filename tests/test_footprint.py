@@ -16,7 +16,7 @@ from exporter._malloc import serving
 from exporter.cli import cap_malloc_arenas, pin_mmap_threshold
 from exporter.framework.scheduler import Workers
 from exporter.serving.exposition import Format, Rendering
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_until
 
 # What `exporter serve` imports with no config file and no web config, GPUs simulated: none of these.
 _SERVE_IMPORTS = """
@@ -81,7 +81,7 @@ def test_runs_one_after_another_reuse_one_thread():
         done = threading.Event()
         workers.submit(lambda done=done: (seen.append(threading.get_ident()), done.set()))
         assert done.wait(5)
-        time.sleep(0.01)  # the thread is back among the idle ones
+        wait_until(lambda: workers._idle == 1, 5, "the thread back among the idle ones")
     assert len(set(seen)) == 1
 
 
@@ -119,8 +119,7 @@ def test_idle_threads_end_and_no_run_is_lost_when_one_ends():
     while len(done) < 200 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(done) == 200
-    time.sleep(0.2)
-    assert workers._idle == 0  # every idle thread has ended
+    wait_until(lambda: workers._idle == 0, 10, "every idle thread to end")
 
 
 def test_a_rendering_keeps_the_chunks_and_joins_the_plain_body_when_asked():

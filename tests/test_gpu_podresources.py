@@ -43,8 +43,9 @@ def gpus(control_file: Path) -> SimulatedNvml:
 
 
 def collector(gpus: SimulatedNvml, socket: Path, **settings: object) -> GpuCollector:
+    # A kubelet's answer in 3 s even on a busy machine; the slow one below never answers (it waits 30 s).
     config = load_config({"gpu": {"simulate": len(gpus.gpus), "pod_resources_socket": str(socket),
-                                  "pod_resources_refresh_seconds": 0.01, "pod_resources_timeout_seconds": 0.5,
+                                  "pod_resources_refresh_seconds": 0.01, "pod_resources_timeout_seconds": 3.0,
                                   **settings}}, environ={})
     return GpuCollector(config, nvml=gpus, event_wait_ms=100)
 

@@ -38,16 +38,19 @@ def healing(targets, interval: float = 0.5) -> tuple[Healing, RunRecord]:
 
 
 def test_a_slow_check_never_holds_the_poll_and_is_said_once(home: Path):
-    release = time.monotonic() + 1.5
+    listed = threading.Event()
 
-    def slow_targets() -> list[Target]:  # the listing of exporters takes longer than the check interval
-        time.sleep(max(0.0, release - time.monotonic()))
+    def slow_targets() -> list[Target]:  # the first listing of exporters takes three check intervals
+        if not listed.is_set():
+            listed.set()
+            time.sleep(1.5)
         return []
 
     heal, record = healing(slow_targets)
     try:
         polls = []
-        while time.monotonic() < release + 1:
+        until = time.monotonic() + 2.5
+        while time.monotonic() < until:
             began = time.monotonic()
             assert heal.poll({"job_id": None}) is None
             polls.append(time.monotonic() - began)
@@ -71,8 +74,8 @@ def test_checks_run_beside_the_loop_while_it_polls_and_stop_when_it_pauses(home:
             assert heal.watcher.last is not None
             assert [read.ok for read in heal.watcher.last.reads] == [True]
             heal.pause()
-            time.sleep(0.6)  # a check already under way ends
-            checked = heal.watcher.last
+            with heal._checking:  # a check already under way ends (every check holds this lock)
+                checked = heal.watcher.last
             time.sleep(1.2)  # two intervals: paused, no check runs
             assert heal.watcher.last is checked
         finally:

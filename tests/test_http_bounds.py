@@ -95,12 +95,16 @@ def test_at_the_cap_silent_then_stalled_connections_make_room_requests_in_flight
     oldest silent connection makes room, then the one the longest in its headers; only requests in flight
     are never dropped, and a report's body has the idle deadline to come whole (408)."""
     progress_port = free_port()
+    idle_s = 6
     running = start_exporter(*SILENT_EXPORTER, "--progress-listen", f"127.0.0.1:{progress_port}",
                              env={"RAYPULSE_EXPORTER_HTTP__MAX_CONNECTIONS": "4",
-                                  "RAYPULSE_EXPORTER_HTTP__IDLE_TIMEOUT_SECONDS": "6"})
+                                  "RAYPULSE_EXPORTER_HTTP__IDLE_TIMEOUT_SECONDS": str(idle_s)})
     port = int(running.url.rsplit(":", 1)[1])
+    # Old enough to be evicted, far from the idle bound that would close them first: seconds from each, as the
+    # exporter's loop (which times them from when it accepted or read them) may be late on a busy machine.
+    halfway = (EVICTABLE_AFTER_S + idle_s) / 2
     silent = [connect(port) for _ in range(4)]  # accepted in order: these four fill the cap
-    time.sleep(EVICTABLE_AFTER_S + 0.1)  # younger silent connections are never dropped (not read yet, maybe)
+    time.sleep(halfway)  # younger silent connections are never dropped (not read yet, maybe)
     with connect(port) as probe:  # the oldest silent one makes room: a health probe gets through
         assert healthz(probe, close=True).startswith(b"HTTP/1.1 200")  # and the exporter closes it
     stalled = []
@@ -109,7 +113,7 @@ def test_at_the_cap_silent_then_stalled_connections_make_room_requests_in_flight
         assert healthz(sock).startswith(b"HTTP/1.1 200")  # answered: the exporter has heard from it
         sock.sendall(b"GET /metrics HTTP/1.1\r\n")  # and it stalls in the middle of its headers
         stalled.append(sock)
-    time.sleep(EVICTABLE_AFTER_S + 0.1)
+    time.sleep(halfway)
     with connect(port) as probe:  # the one the longest in its headers makes room
         assert healthz(probe, close=True).startswith(b"HTTP/1.1 200")
     waiting = []

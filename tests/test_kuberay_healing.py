@@ -30,8 +30,10 @@ from tests.fake_kube import Attempt, FakeApiServer, launcher_env
 pytest.importorskip("kubernetes")
 
 NAMESPACE = "team-a"
-# Checks every half second; a hang after 2 s without progress (or output): the floor is 3 checks.
-HEALTH = ["--health-check-interval", "0.5", "--hang-after", "2", "--silence-after", "2"]
+# Checks every half second; a hang after 2 s without progress: the floor is 3 checks. No output for 10 s
+# is a hang too: far from when a test gives its exporter the steps or the fault it judges (a silence hang
+# first would be another fault, from nothing the test set).
+HEALTH = ["--health-check-interval", "0.5", "--hang-after", "2", "--silence-after", "10"]
 
 
 @pytest.fixture(scope="module")

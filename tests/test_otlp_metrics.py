@@ -31,14 +31,18 @@ def attributes(point) -> tuple:
 def test_every_served_family_is_pushed_with_the_same_name_unit_attributes_and_value(start_exporter):
     receiver = OtlpReceiver().start()
     exporter = start_exporter("--otlp-endpoint", receiver.url, env={**FAST_PUSH, "POD_NAME": "trainer-0"})
-    wait_until(lambda: "raypulse_node_memory_total_bytes" in receiver.metric_points(), 30, "an OTLP push")
-    time.sleep(2.5)  # a push after every collector has run
-    scraped = scrape_values(exporter.metrics_text())
-    pushed = receiver.metric_points()
+    seen: list[tuple[dict, dict]] = []
 
-    # Names: counters lose _total (an OTLP-to-Prometheus translation adds it back to monotonic sums).
-    served = {name.removesuffix("_total") if name.endswith("_total") else name for name in scraped}
-    assert served - {"raypulse_exporter_otlp_last_success_timestamp_seconds"} <= set(pushed)
+    def every_family_pushed() -> bool:
+        """What /metrics serves now, all in the pushes so far (a push after every collector has run)."""
+        scraped, pushed = scrape_values(exporter.metrics_text()), receiver.metric_points()
+        seen[:] = [(scraped, pushed)]
+        # Names: counters lose _total (an OTLP-to-Prometheus translation adds it back to monotonic sums).
+        served = {name.removesuffix("_total") if name.endswith("_total") else name for name in scraped}
+        return served - {"raypulse_exporter_otlp_last_success_timestamp_seconds"} <= set(pushed)
+
+    wait_until(every_family_pushed, 30, "every family /metrics serves in an OTLP push")
+    scraped, pushed = seen[-1]
 
     memory, resource = pushed["raypulse_node_memory_total_bytes"][-1]
     assert memory.unit == "By"
