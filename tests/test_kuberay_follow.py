@@ -115,7 +115,10 @@ def test_a_retried_run_is_followed_through_its_retries(env: dict[str, str], api_
 
 def test_a_given_submission_id_is_kept_across_kuberays_retries(env: dict[str, str], api_server: FakeApiServer):
     """KubeRay reuses spec.jobId (from --submission-id) on every retry: the attempts still come apart."""
-    api_server.scripts["kept-1"] = [Attempt("FAILED", ["first try"]), Attempt("SUCCEEDED", ["second try"])]
+    # The first attempt runs until it is followed, as a real one would (a CI run's launcher, late on a busy
+    # machine, first saw the RayJob when KubeRay's fake had already retried it).
+    api_server.scripts["kept-1"] = [Attempt("FAILED", ["first try"], until_followed=True),
+                                    Attempt("SUCCEEDED", ["second try"])]
     result = submit(env, "kept-1", "--max-retries", "1", "--submission-id", "raysubmit_kept")
     assert result.returncode == 0, result.stderr
     run = record(env, "kept-1")
