@@ -128,7 +128,10 @@ class Workers:
 
     def __init__(self, idle_seconds: float = 60.0) -> None:
         self.idle_seconds = idle_seconds
-        self._runs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # queue.Queue, not SimpleQueue: CPython's SimpleQueue.get(timeout) can block past its timeout until a
+        # later put, when another thread took the item it woke for (its retry waits with a negative timeout,
+        # i.e. forever: Modules/_queuemodule.c, 3.11), so an idle thread would never end.
+        self._runs: queue.Queue[Callable[[], None]] = queue.Queue()
         self._lock = threading.Lock()
         self._idle = 0  # threads waiting for a run, less the runs queued for them
 
