@@ -25,19 +25,16 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 # collective, say). The threshold is learned at the 20th check of the default 10 s that saw it advance: about
 # 215 s after the job started (the first check comes at about 14 s). At 250 s it hangs all the same, so that
 # a threshold never learned fails the test below rather than its timeout.
+RUN = "adaptive-fast-1"
 FAST_THEN_HANGS = """python -c '
-import json, os, time
-from pathlib import Path
+import os, time
 from exporter import progress
-
-record = Path(os.environ["RAYPULSE_HOME"]) / "runs" / "adaptive-fast-1" / "run.json"
+from exporter.contract import wire
+from launcher.state import load_run
 
 def learned() -> bool:
-    try:
-        events = json.loads(record.read_text())["events"]
-    except (OSError, ValueError):  # written atomically, but not there yet
-        return False
-    return any(e["kind"] == "health.threshold" and e["details"]["rule"] == "steps" for e in events)
+    run = load_run(os.environ[wire.ENV_RUN_ID])  # written atomically; None until the launcher saved it
+    return run is not None and any(e.kind == "health.threshold" and e.details["rule"] == "steps" for e in run.events)
 
 began = time.time()
 step = 0
@@ -49,15 +46,15 @@ progress.flush()
 time.sleep(3600)
 '"""
 # Submitted when the shared cluster starts; the other tests on it run during its five minutes, this one last.
-HEAD_START = {"adaptive-fast-1": ("--max-retries", "0", "--", FAST_THEN_HANGS)}
+HEAD_START = {RUN: ("--max-retries", "0", "--", FAST_THEN_HANGS)}
 
 
 def test_a_job_of_fast_steps_is_judged_hung_within_two_minutes_with_the_default_policy(
         shared_launcher_home: Path, shared_cluster: SharedCluster):
     home = shared_launcher_home  # where the shared cluster is known; the run ends with its job stopped
-    result = shared_cluster.finish("adaptive-fast-1", timeout=800)
+    result = shared_cluster.finish(RUN, timeout=800)
     assert result.returncode == 7, result.stderr  # UNHEALTHY: a fault with no retries left
-    record = status_json("adaptive-fast-1", home)
+    record = status_json(RUN, home)
     events = record["events"]
     learned = [event["details"] for event in events if event["kind"] == "health.threshold"]
     assert learned[0]["rule"] == "fixed"
@@ -67,5 +64,5 @@ def test_a_job_of_fast_steps_is_judged_hung_within_two_minutes_with_the_default_
     assert fault["fault"] == "hang"
     assert (fault["evidence"]["threshold_rule"], fault["evidence"]["threshold"]) == ("steps", FLOOR_S)
     assert fault["evidence"]["quiet_seconds"] <= 120  # the issue's bound, judged by the watcher's own clock
-    text = launcher("status", "adaptive-fast-1", home=home).stdout
+    text = launcher("status", RUN, home=home).stdout
     assert f"hang      after {FLOOR_S:g}s without progress (10 x p99 report interval" in text
